@@ -1,0 +1,240 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProtocolVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROTOCOL_VERSION_UNSPECIFIED: _ClassVar[ProtocolVersion]
+    PROTOCOL_VERSION_CURRENT: _ClassVar[ProtocolVersion]
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    DTYPE_FLOAT32: _ClassVar[DType]
+    DTYPE_FLOAT16: _ClassVar[DType]
+    DTYPE_BFLOAT16: _ClassVar[DType]
+    DTYPE_INT64: _ClassVar[DType]
+    DTYPE_INT32: _ClassVar[DType]
+    DTYPE_BOOL: _ClassVar[DType]
+
+class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODEC_UNSPECIFIED: _ClassVar[Codec]
+    CODEC_NONE: _ClassVar[Codec]
+    CODEC_FLOAT16: _ClassVar[Codec]
+    CODEC_BFLOAT16: _ClassVar[Codec]
+    CODEC_INT8_BLOCKWISE_LINEAR: _ClassVar[Codec]
+    CODEC_INT8_BLOCKWISE_DYNAMIC: _ClassVar[Codec]
+
+class PeerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PEER_STATE_UNSPECIFIED: _ClassVar[PeerState]
+    PEER_STATE_JOINING: _ClassVar[PeerState]
+    PEER_STATE_ONLINE: _ClassVar[PeerState]
+    PEER_STATE_DRAINING: _ClassVar[PeerState]
+    PEER_STATE_OFFLINE: _ClassVar[PeerState]
+PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
+PROTOCOL_VERSION_CURRENT: ProtocolVersion
+DTYPE_UNSPECIFIED: DType
+DTYPE_FLOAT32: DType
+DTYPE_FLOAT16: DType
+DTYPE_BFLOAT16: DType
+DTYPE_INT64: DType
+DTYPE_INT32: DType
+DTYPE_BOOL: DType
+CODEC_UNSPECIFIED: Codec
+CODEC_NONE: Codec
+CODEC_FLOAT16: Codec
+CODEC_BFLOAT16: Codec
+CODEC_INT8_BLOCKWISE_LINEAR: Codec
+CODEC_INT8_BLOCKWISE_DYNAMIC: Codec
+PEER_STATE_UNSPECIFIED: PeerState
+PEER_STATE_JOINING: PeerState
+PEER_STATE_ONLINE: PeerState
+PEER_STATE_DRAINING: PeerState
+PEER_STATE_OFFLINE: PeerState
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "codec", "block_size", "payload", "scales", "chunk_index", "num_chunks")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SCALES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    codec: Codec
+    block_size: int
+    payload: bytes
+    scales: bytes
+    chunk_index: int
+    num_chunks: int
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., block_size: _Optional[int] = ..., payload: _Optional[bytes] = ..., scales: _Optional[bytes] = ..., chunk_index: _Optional[int] = ..., num_chunks: _Optional[int] = ...) -> None: ...
+
+class CodecChoice(_message.Message):
+    __slots__ = ("codec", "block_size")
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    codec: Codec
+    block_size: int
+    def __init__(self, codec: _Optional[_Union[Codec, str]] = ..., block_size: _Optional[int] = ...) -> None: ...
+
+class ForwardRequest(_message.Message):
+    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "position", "response_codec", "request_id")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    START_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    END_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    start_block: int
+    end_block: int
+    hidden_states: Tensor
+    position: int
+    response_codec: CodecChoice
+    request_id: str
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ForwardResponse(_message.Message):
+    __slots__ = ("hidden_states", "request_id")
+    HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    hidden_states: Tensor
+    request_id: str
+    def __init__(self, hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class BackwardRequest(_message.Message):
+    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "grad_outputs", "position", "response_codec", "request_id")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    START_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    END_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    GRAD_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    start_block: int
+    end_block: int
+    hidden_states: Tensor
+    grad_outputs: Tensor
+    position: int
+    response_codec: CodecChoice
+    request_id: str
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., grad_outputs: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class BackwardResponse(_message.Message):
+    __slots__ = ("grad_inputs", "request_id")
+    GRAD_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    grad_inputs: Tensor
+    request_id: str
+    def __init__(self, grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class InferenceOpen(_message.Message):
+    __slots__ = ("protocol_version", "session_id", "start_block", "end_block", "batch_size", "max_length", "response_codec")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    START_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    END_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    session_id: str
+    start_block: int
+    end_block: int
+    batch_size: int
+    max_length: int
+    response_codec: CodecChoice
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., session_id: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_length: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ...) -> None: ...
+
+class InferenceStep(_message.Message):
+    __slots__ = ("step_id", "position", "hidden_states")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    position: int
+    hidden_states: Tensor
+    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class InferenceRequest(_message.Message):
+    __slots__ = ("open", "step")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    open: InferenceOpen
+    step: InferenceStep
+    def __init__(self, open: _Optional[_Union[InferenceOpen, _Mapping]] = ..., step: _Optional[_Union[InferenceStep, _Mapping]] = ...) -> None: ...
+
+class InferenceResponse(_message.Message):
+    __slots__ = ("step_id", "position", "hidden_states")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    position: int
+    hidden_states: Tensor
+    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("protocol_version", "peer_id", "model", "start_block", "end_block", "num_blocks_total", "hidden_size", "dtype", "state", "forward_tokens_per_s", "inference_steps_per_s", "queue_length", "cache_tokens_free", "cache_tokens_total", "max_message_bytes", "codecs")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    START_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    END_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TOKENS_FREE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CODECS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    peer_id: str
+    model: str
+    start_block: int
+    end_block: int
+    num_blocks_total: int
+    hidden_size: int
+    dtype: DType
+    state: PeerState
+    forward_tokens_per_s: float
+    inference_steps_per_s: float
+    queue_length: int
+    cache_tokens_free: int
+    cache_tokens_total: int
+    max_message_bytes: int
+    codecs: _containers.RepeatedScalarFieldContainer[Codec]
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., peer_id: _Optional[str] = ..., model: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., num_blocks_total: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., state: _Optional[_Union[PeerState, str]] = ..., forward_tokens_per_s: _Optional[float] = ..., inference_steps_per_s: _Optional[float] = ..., queue_length: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., cache_tokens_total: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., codecs: _Optional[_Iterable[_Union[Codec, str]]] = ...) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthResponse(_message.Message):
+    __slots__ = ("state", "protocol_version")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    state: PeerState
+    protocol_version: ProtocolVersion
+    def __init__(self, state: _Optional[_Union[PeerState, str]] = ..., protocol_version: _Optional[_Union[ProtocolVersion, str]] = ...) -> None: ...

@@ -1,0 +1,42 @@
+"""Tensor <-> protobuf `Tensor` codecs.
+
+base.py: Codec ABC, CodecId, dtype tables, registry; float_cast.py: NONE, FLOAT16, BFLOAT16;
+int8_blockwise.py: INT8_BLOCKWISE_LINEAR (default for hidden states) and INT8_BLOCKWISE_DYNAMIC (bitsandbytes);
+chunking.py: split and join messages larger than the gRPC limit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from swarm._proto import swarm_pb2 as pb
+from swarm.codec import float_cast, int8_blockwise  # noqa: F401  (importing registers the codecs)
+from swarm.codec.base import CODECS, Codec, CodecId, get_codec
+from swarm.codec.chunking import join, split
+
+DEFAULT_CODEC = CodecId.INT8_BLOCKWISE_LINEAR
+DEFAULT_BLOCK_SIZE = int8_blockwise.Int8BlockwiseLinear.default_block_size
+
+
+def encode(tensor: torch.Tensor, codec: CodecId, block_size: int = 0) -> pb.Tensor:
+    """Encode `tensor` with `codec` (block_size 0: the codec's default). See Codec.encode for errors."""
+    return get_codec(codec).encode(tensor, block_size)
+
+
+def decode(msg: pb.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+    """Decode a whole message onto `device` (default CPU). See Codec.decode for errors."""
+    return get_codec(msg.codec).decode(msg, device)
+
+
+__all__ = [
+    "CODECS",
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_CODEC",
+    "Codec",
+    "CodecId",
+    "decode",
+    "encode",
+    "get_codec",
+    "join",
+    "split",
+]

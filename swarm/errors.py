@@ -1,0 +1,84 @@
+"""The SwarmError hierarchy, typed by what the caller should do, and the one table mapping it to gRPC status codes.
+
+peers/service.py applies `status_for` when answering; the client stub applies `error_for` to what it receives.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class SwarmError(Exception):
+    """Base class of every error RaySwarm raises on purpose."""
+
+
+class PeerUnavailable(SwarmError):
+    """The peer is gone or not serving: ban it and reroute."""
+
+
+class Overloaded(SwarmError):
+    """The peer is alive but out of capacity (queue, cache room, limits): back off, do not ban."""
+
+
+class SessionLost(SwarmError):
+    """The peer no longer holds the session's state: replay the history to a new peer."""
+
+
+class DeadlineExceeded(SwarmError):
+    """A call did not finish in time."""
+
+
+class InvalidRequest(SwarmError):
+    """The request itself is wrong; retrying it anywhere gives the same answer."""
+
+
+class UnknownCodecError(InvalidRequest):
+    """A message names a codec (or a codec option) this build does not know."""
+
+
+class MalformedTensorError(InvalidRequest):
+    """A Tensor message is truncated, garbled or inconsistent (shape vs payload, chunks)."""
+
+
+class CheckpointError(SwarmError):
+    """A model checkpoint directory is missing, incomplete or unreadable."""
+
+
+class UnsupportedArchitectureError(CheckpointError):
+    """The checkpoint's architecture (or one of its options) is not one RaySwarm can partition."""
+
+
+class InvalidSpan(SwarmError, ValueError):
+    """A block range is empty, reversed or outside the model."""
+
+
+_STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
+    (PeerUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (SessionLost, grpc.StatusCode.ABORTED),
+    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidSpan, grpc.StatusCode.INVALID_ARGUMENT),
+)
+
+_ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
+    grpc.StatusCode.UNAVAILABLE: PeerUnavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
+    grpc.StatusCode.ABORTED: SessionLost,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+    grpc.StatusCode.NOT_FOUND: SessionLost,
+}
+
+
+def status_for(error: BaseException) -> grpc.StatusCode:
+    """The gRPC status a peer answers with for `error`; anything unexpected is INTERNAL."""
+    for error_type, code in _STATUS_BY_ERROR:
+        if isinstance(error, error_type):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def error_for(code: grpc.StatusCode, details: str) -> SwarmError:
+    """The error a client raises for a failed call; unknown statuses become a plain SwarmError."""
+    return _ERROR_BY_STATUS.get(code, SwarmError)(f"{code.name}: {details}")

@@ -1,0 +1,50 @@
+"""The part of a model a client keeps: token embeddings, the final norm and the LM head. Never any block."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from swarm.partition.config import open_checkpoint
+from swarm.partition.llama import RMSNorm
+
+EMBEDDINGS = "model.embed_tokens.weight"
+FINAL_NORM = "model.norm.weight"
+LM_HEAD = "lm_head.weight"
+
+
+class ClientHead(nn.Module):
+    """embed(input_ids) -> hidden states for the first block; logits(hidden) from the last block's output."""
+
+    def __init__(self, embeddings: torch.Tensor, norm_weight: torch.Tensor, lm_head: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding.from_pretrained(embeddings, freeze=False)
+        self.norm = RMSNorm(norm_weight.shape[0], eps)
+        self.norm.weight = nn.Parameter(norm_weight)
+        self.lm_head = nn.Linear(lm_head.shape[1], lm_head.shape[0], bias=False)
+        # Tied checkpoints pass the embedding matrix itself, so the two share one Parameter.
+        self.lm_head.weight = self.embed_tokens.weight if lm_head is embeddings else nn.Parameter(lm_head)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [batch, seq] -> hidden [batch, seq, hidden]."""
+        return self.embed_tokens(input_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [batch, seq, hidden] -> logits [batch, seq, vocab]."""
+        return self.lm_head(self.norm(hidden.to(self.norm.weight.dtype)))
+
+    def parameter_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+
+def load_client_head(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> ClientHead:
+    """Build the client part of the checkpoint at `path`, reading only its three tensors (two if tied)."""
+    checkpoint, hf_config, cfg = open_checkpoint(path)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    names = [EMBEDDINGS, FINAL_NORM] + ([] if tied else [LM_HEAD])
+    tensors = checkpoint.read(names, dtype=dtype)
+    lm_head = tensors[EMBEDDINGS] if tied else tensors[LM_HEAD]
+    head = ClientHead(tensors[EMBEDDINGS], tensors[FINAL_NORM], lm_head, cfg.rms_norm_eps)
+    return head.to(device).eval()

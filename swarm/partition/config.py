@@ -1,0 +1,33 @@
+"""Open a checkpoint and read its model config, refusing unsupported architectures before anything else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoConfig, PretrainedConfig
+
+from swarm.errors import CheckpointError, UnsupportedArchitectureError
+from swarm.partition.checkpoint import Checkpoint
+from swarm.partition.llama import MODEL_TYPES, BlockConfig
+
+
+def open_checkpoint(path: str | Path) -> tuple[Checkpoint, PretrainedConfig, BlockConfig]:
+    """The checkpoint, its HF config and the block config.
+
+    Raises:
+        CheckpointError: the directory, config.json or the safetensors weights are missing or unreadable.
+        UnsupportedArchitectureError: the model type, or one of its options, cannot be partitioned.
+    """
+    checkpoint = Checkpoint(path)
+    if checkpoint.model_type not in MODEL_TYPES:
+        found = checkpoint.model_type or "none"
+        architectures = checkpoint.config_dict.get("architectures")
+        raise UnsupportedArchitectureError(
+            f"checkpoint {checkpoint.path} has model_type {found!r} (architectures {architectures}); "
+            f"supported: {sorted(MODEL_TYPES)}"
+        )
+    try:
+        hf_config = AutoConfig.from_pretrained(str(checkpoint.path), local_files_only=True)
+    except (OSError, ValueError, TypeError) as error:
+        raise CheckpointError(f"cannot load config.json of {checkpoint.path}: {error}") from error
+    return checkpoint, hf_config, BlockConfig.from_hf(hf_config)

@@ -1,0 +1,139 @@
+"""A span of consecutive transformer blocks [start, end) built from a checkpoint, and its KV cache.
+
+Peers (peers/backend.py) run spans; clients chain them. Loading reads only the span's tensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
+from swarm.partition.config import open_checkpoint
+from swarm.partition.llama import BlockConfig, LlamaBlock, RotaryEmbedding, block_tensor_prefix
+
+
+class SpanCache:
+    """KV cache of one session on one span, preallocated for `max_length` tokens per sequence.
+
+    `length` is the number of positions held. A step at a position below `length` overwrites from there on,
+    which is how rollback and prefix replay work.
+    """
+
+    def __init__(
+        self, cfg: BlockConfig, num_blocks: int, batch_size: int, max_length: int, dtype: torch.dtype, device: str
+    ) -> None:
+        if batch_size < 1 or max_length < 1:
+            raise InvalidRequest(f"cache needs batch_size >= 1 and max_length >= 1, got {batch_size}, {max_length}")
+        shape = (num_blocks, batch_size, cfg.num_kv_heads, max_length, cfg.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [blocks, batch, kv_heads, max_length, head_dim]
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    def slot(self, block_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[block_offset], self.values[block_offset]
+
+
+class BlockSpan(nn.Module):
+    """Blocks [start, end) of a model; forward maps hidden states [batch, seq, hidden] to the same shape."""
+
+    def __init__(self, cfg: BlockConfig, rotary: RotaryEmbedding, start: int, end: int) -> None:
+        super().__init__()
+        if not 0 <= start < end <= cfg.num_layers:
+            raise InvalidSpan(f"span [{start}, {end}) is empty or outside the model's {cfg.num_layers} blocks")
+        self.cfg, self.start, self.end = cfg, start, end
+        self.rotary = rotary
+        self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(end - start))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.blocks[0].input_layernorm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks[0].input_layernorm.weight.device
+
+    def parameter_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+    def new_cache(self, batch_size: int, max_length: int) -> SpanCache:
+        return SpanCache(self.cfg, len(self.blocks), batch_size, max_length, self.dtype, str(self.device))
+
+    def forward(self, hidden: torch.Tensor, position: int = 0, cache: SpanCache | None = None) -> torch.Tensor:
+        """Run the span on hidden [batch, seq, hidden] whose first token sits at absolute `position`.
+
+        With a cache, the new tokens attend to the cached positions [0, position) and are stored there;
+        without one, they attend only to each other (causally), as in training.
+
+        Raises:
+            InvalidRequest: wrong shape, or a position/length the cache cannot hold.
+        """
+        self._check_input(hidden, position, cache)
+        hidden = hidden.to(self.dtype)
+        cos, sin = self.rotary(position, hidden.shape[1], hidden.dtype)
+        for offset, block in enumerate(self.blocks):
+            slot = cache.slot(offset) if cache is not None else None
+            hidden = block(hidden, cos, sin, position, slot)
+        if cache is not None:
+            cache.length = position + hidden.shape[1]
+        return hidden
+
+    def _check_input(self, hidden: torch.Tensor, position: int, cache: SpanCache | None) -> None:
+        if hidden.dim() != 3 or hidden.shape[2] != self.cfg.hidden_size or hidden.shape[1] == 0:
+            raise InvalidRequest(
+                f"hidden_states must be [batch, seq>0, {self.cfg.hidden_size}], got {list(hidden.shape)}"
+            )
+        if position < 0:
+            raise InvalidRequest(f"position must be >= 0, got {position}")
+        if cache is None:
+            return
+        if hidden.shape[0] != cache.batch_size:
+            raise InvalidRequest(f"batch size {hidden.shape[0]} does not match the cache's {cache.batch_size}")
+        if position > cache.length:
+            raise InvalidRequest(f"position {position} skips past the cache's {cache.length} tokens")
+        if position + hidden.shape[1] > cache.max_length:
+            raise InvalidRequest(
+                f"{hidden.shape[1]} tokens at position {position} exceed the session's max_length {cache.max_length}"
+            )
+
+
+def load_span(
+    path: str | Path, start: int, end: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> BlockSpan:
+    """Build blocks [start, end) of the checkpoint at `path`, reading only their tensors.
+
+    Raises:
+        CheckpointError, UnsupportedArchitectureError: see open_checkpoint; also tensors missing for a block.
+        InvalidSpan: the range is empty or outside the model.
+    """
+    checkpoint, hf_config, cfg = open_checkpoint(path)
+    rotary = RotaryEmbedding(hf_config, cfg.head_dim)  # built outside the meta context: its table is real
+    with torch.device("meta"):
+        span = BlockSpan(cfg, rotary, start, end)
+    prefixes = {block_tensor_prefix(index): index - start for index in range(start, end)}
+    names = [n for n in checkpoint.tensor_names() if any(n.startswith(p) for p in prefixes)]
+    tensors = checkpoint.read(names, dtype=dtype)
+    state = {}
+    for name, tensor in tensors.items():
+        prefix = next(p for p in prefixes if name.startswith(p))
+        state[f"blocks.{prefixes[prefix]}.{name[len(prefix) :]}"] = tensor
+    try:
+        span.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as error:
+        raise CheckpointError(f"checkpoint {checkpoint.path} does not fit blocks [{start}, {end}): {error}") from error
+    _check_all_loaded(span, checkpoint.path, start, end)
+    return span.to(device).eval()
+
+
+def _check_all_loaded(span: BlockSpan, path: Path, start: int, end: int) -> None:
+    missing = [name for name, p in span.named_parameters() if p.is_meta]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks weights for blocks [{start}, {end}): {missing[:5]}")
