@@ -24,49 +24,49 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18swarm/_proto/swarm.proto\x12\x0brayswarm.v1\"\xbb\x01\n\x06Tensor\x12!\n\x05\x64type\x18\x01 \x01(\x0e\x32\x12.rayswarm.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12!\n\x05\x63odec\x18\x03 \x01(\x0e\x32\x12.rayswarm.v1.Codec\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x0e\n\x06scales\x18\x06 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x07 \x01(\r\x12\x12\n\nnum_chunks\x18\x08 \x01(\r\"D\n\x0b\x43odecChoice\x12!\n\x05\x63odec\x18\x01 \x01(\x0e\x32\x12.rayswarm.v1.Codec\x12\x12\n\nblock_size\x18\x02 \x01(\r\"\xf4\x01\n\x0e\x46orwardRequest\x12\x36\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion\x12\x13\n\x0bstart_block\x18\x02 \x01(\r\x12\x11\n\tend_block\x18\x03 \x01(\r\x12*\n\rhidden_states\x18\x04 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12\x10\n\x08position\x18\x05 \x01(\x04\x12\x30\n\x0eresponse_codec\x18\x06 \x01(\x0b\x32\x18.rayswarm.v1.CodecChoice\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"Q\n\x0f\x46orwardResponse\x12*\n\rhidden_states\x18\x01 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\xa0\x02\n\x0f\x42\x61\x63kwardRequest\x12\x36\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion\x12\x13\n\x0bstart_block\x18\x02 \x01(\r\x12\x11\n\tend_block\x18\x03 \x01(\r\x12*\n\rhidden_states\x18\x04 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12)\n\x0cgrad_outputs\x18\x05 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12\x10\n\x08position\x18\x06 \x01(\x04\x12\x30\n\x0eresponse_codec\x18\x07 \x01(\x0b\x32\x18.rayswarm.v1.CodecChoice\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"P\n\x10\x42\x61\x63kwardResponse\x12(\n\x0bgrad_inputs\x18\x01 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\xdd\x01\n\rInferenceOpen\x12\x36\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x13\n\x0bstart_block\x18\x03 \x01(\r\x12\x11\n\tend_block\x18\x04 \x01(\r\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x12\n\nmax_length\x18\x06 \x01(\r\x12\x30\n\x0eresponse_codec\x18\x07 \x01(\x0b\x32\x18.rayswarm.v1.CodecChoice\"^\n\rInferenceStep\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\x04\x12*\n\rhidden_states\x18\x03 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\"r\n\x10InferenceRequest\x12*\n\x04open\x18\x01 \x01(\x0b\x32\x1a.rayswarm.v1.InferenceOpenH\x00\x12*\n\x04step\x18\x02 \x01(\x0b\x32\x1a.rayswarm.v1.InferenceStepH\x00\x42\x06\n\x04kind\"b\n\x11InferenceResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\x04\x12*\n\rhidden_states\x18\x03 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\"\r\n\x0bInfoRequest\"\xd0\x03\n\x0cInfoResponse\x12\x36\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion\x12\x0f\n\x07peer_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x13\n\x0bstart_block\x18\x04 \x01(\r\x12\x11\n\tend_block\x18\x05 \x01(\r\x12\x18\n\x10num_blocks_total\x18\x06 \x01(\r\x12\x13\n\x0bhidden_size\x18\x07 \x01(\r\x12!\n\x05\x64type\x18\x08 \x01(\x0e\x32\x12.rayswarm.v1.DType\x12%\n\x05state\x18\t \x01(\x0e\x32\x16.rayswarm.v1.PeerState\x12\x1c\n\x14\x66orward_tokens_per_s\x18\n \x01(\x01\x12\x1d\n\x15inference_steps_per_s\x18\x0b \x01(\x01\x12\x14\n\x0cqueue_length\x18\x0c \x01(\r\x12\x19\n\x11\x63\x61\x63he_tokens_free\x18\r \x01(\x04\x12\x1a\n\x12\x63\x61\x63he_tokens_total\x18\x0e \x01(\x04\x12\x19\n\x11max_message_bytes\x18\x0f \x01(\x04\x12\"\n\x06\x63odecs\x18\x10 \x03(\x0e\x32\x12.rayswarm.v1.Codec\"\x0f\n\rHealthRequest\"o\n\x0eHealthResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.rayswarm.v1.PeerState\x12\x36\n\x10protocol_version\x18\x02 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion*Q\n\x0fProtocolVersion\x12 \n\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x1c\n\x18PROTOCOL_VERSION_CURRENT\x10\x01*\x8a\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT64\x10\x04\x12\x0f\n\x0b\x44TYPE_INT32\x10\x05\x12\x0e\n\nDTYPE_BOOL\x10\x06*\x98\x01\n\x05\x43odec\x12\x15\n\x11\x43ODEC_UNSPECIFIED\x10\x00\x12\x0e\n\nCODEC_NONE\x10\x01\x12\x11\n\rCODEC_FLOAT16\x10\x02\x12\x12\n\x0e\x43ODEC_BFLOAT16\x10\x03\x12\x1f\n\x1b\x43ODEC_INT8_BLOCKWISE_LINEAR\x10\x04\x12 \n\x1c\x43ODEC_INT8_BLOCKWISE_DYNAMIC\x10\x05*\x87\x01\n\tPeerState\x12\x1a\n\x16PEER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12PEER_STATE_JOINING\x10\x01\x12\x15\n\x11PEER_STATE_ONLINE\x10\x02\x12\x17\n\x13PEER_STATE_DRAINING\x10\x03\x12\x16\n\x12PEER_STATE_OFFLINE\x10\x04\x32\x88\x04\n\x04Peer\x12\x44\n\x07\x46orward\x12\x1b.rayswarm.v1.ForwardRequest\x1a\x1c.rayswarm.v1.ForwardResponse\x12N\n\rForwardStream\x12\x1b.rayswarm.v1.ForwardRequest\x1a\x1c.rayswarm.v1.ForwardResponse(\x01\x30\x01\x12G\n\x08\x42\x61\x63kward\x12\x1c.rayswarm.v1.BackwardRequest\x1a\x1d.rayswarm.v1.BackwardResponse\x12Q\n\x0e\x42\x61\x63kwardStream\x12\x1c.rayswarm.v1.BackwardRequest\x1a\x1d.rayswarm.v1.BackwardResponse(\x01\x30\x01\x12N\n\tInference\x12\x1d.rayswarm.v1.InferenceRequest\x1a\x1e.rayswarm.v1.InferenceResponse(\x01\x30\x01\x12;\n\x04Info\x12\x18.rayswarm.v1.InfoRequest\x1a\x19.rayswarm.v1.InfoResponse\x12\x41\n\x06Health\x12\x1a.rayswarm.v1.HealthRequest\x1a\x1b.rayswarm.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18swarm/_proto/swarm.proto\x12\x0brayswarm.v1\"\xa7\x02\n\x06Tensor\x12!\n\x05\x64type\x18\x01 \x01(\x0e\x32\x12.rayswarm.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12!\n\x05\x63odec\x18\x03 \x01(\x0e\x32\x12.rayswarm.v1.Codec\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x0e\n\x06scales\x18\x06 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x07 \x01(\r\x12\x12\n\nnum_chunks\x18\x08 \x01(\r\x12\x10\n\x08outliers\x18\t \x01(\r\x12\x17\n\x0foutlier_indices\x18\n \x01(\x0c\x12\x16\n\x0eoutlier_values\x18\x0b \x01(\x0c\x12\'\n\x0bscale_dtype\x18\x0c \x01(\x0e\x32\x12.rayswarm.v1.DType\"D\n\x0b\x43odecChoice\x12!\n\x05\x63odec\x18\x01 \x01(\x0e\x32\x12.rayswarm.v1.Codec\x12\x12\n\nblock_size\x18\x02 \x01(\r\"\xf4\x01\n\x0e\x46orwardRequest\x12\x36\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion\x12\x13\n\x0bstart_block\x18\x02 \x01(\r\x12\x11\n\tend_block\x18\x03 \x01(\r\x12*\n\rhidden_states\x18\x04 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12\x10\n\x08position\x18\x05 \x01(\x04\x12\x30\n\x0eresponse_codec\x18\x06 \x01(\x0b\x32\x18.rayswarm.v1.CodecChoice\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"Q\n\x0f\x46orwardResponse\x12*\n\rhidden_states\x18\x01 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\xa0\x02\n\x0f\x42\x61\x63kwardRequest\x12\x36\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion\x12\x13\n\x0bstart_block\x18\x02 \x01(\r\x12\x11\n\tend_block\x18\x03 \x01(\r\x12*\n\rhidden_states\x18\x04 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12)\n\x0cgrad_outputs\x18\x05 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12\x10\n\x08position\x18\x06 \x01(\x04\x12\x30\n\x0eresponse_codec\x18\x07 \x01(\x0b\x32\x18.rayswarm.v1.CodecChoice\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"P\n\x10\x42\x61\x63kwardResponse\x12(\n\x0bgrad_inputs\x18\x01 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\xdd\x01\n\rInferenceOpen\x12\x36\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x13\n\x0bstart_block\x18\x03 \x01(\r\x12\x11\n\tend_block\x18\x04 \x01(\r\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x12\n\nmax_length\x18\x06 \x01(\r\x12\x30\n\x0eresponse_codec\x18\x07 \x01(\x0b\x32\x18.rayswarm.v1.CodecChoice\"^\n\rInferenceStep\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\x04\x12*\n\rhidden_states\x18\x03 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\"r\n\x10InferenceRequest\x12*\n\x04open\x18\x01 \x01(\x0b\x32\x1a.rayswarm.v1.InferenceOpenH\x00\x12*\n\x04step\x18\x02 \x01(\x0b\x32\x1a.rayswarm.v1.InferenceStepH\x00\x42\x06\n\x04kind\"b\n\x11InferenceResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\x04\x12*\n\rhidden_states\x18\x03 \x01(\x0b\x32\x13.rayswarm.v1.Tensor\"\r\n\x0bInfoRequest\"\xd0\x03\n\x0cInfoResponse\x12\x36\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion\x12\x0f\n\x07peer_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x13\n\x0bstart_block\x18\x04 \x01(\r\x12\x11\n\tend_block\x18\x05 \x01(\r\x12\x18\n\x10num_blocks_total\x18\x06 \x01(\r\x12\x13\n\x0bhidden_size\x18\x07 \x01(\r\x12!\n\x05\x64type\x18\x08 \x01(\x0e\x32\x12.rayswarm.v1.DType\x12%\n\x05state\x18\t \x01(\x0e\x32\x16.rayswarm.v1.PeerState\x12\x1c\n\x14\x66orward_tokens_per_s\x18\n \x01(\x01\x12\x1d\n\x15inference_steps_per_s\x18\x0b \x01(\x01\x12\x14\n\x0cqueue_length\x18\x0c \x01(\r\x12\x19\n\x11\x63\x61\x63he_tokens_free\x18\r \x01(\x04\x12\x1a\n\x12\x63\x61\x63he_tokens_total\x18\x0e \x01(\x04\x12\x19\n\x11max_message_bytes\x18\x0f \x01(\x04\x12\"\n\x06\x63odecs\x18\x10 \x03(\x0e\x32\x12.rayswarm.v1.Codec\"\x0f\n\rHealthRequest\"o\n\x0eHealthResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.rayswarm.v1.PeerState\x12\x36\n\x10protocol_version\x18\x02 \x01(\x0e\x32\x1c.rayswarm.v1.ProtocolVersion*Q\n\x0fProtocolVersion\x12 \n\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x1c\n\x18PROTOCOL_VERSION_CURRENT\x10\x01*\x8a\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT64\x10\x04\x12\x0f\n\x0b\x44TYPE_INT32\x10\x05\x12\x0e\n\nDTYPE_BOOL\x10\x06*\xb1\x01\n\x05\x43odec\x12\x15\n\x11\x43ODEC_UNSPECIFIED\x10\x00\x12\x0e\n\nCODEC_NONE\x10\x01\x12\x11\n\rCODEC_FLOAT16\x10\x02\x12\x12\n\x0e\x43ODEC_BFLOAT16\x10\x03\x12\x1f\n\x1b\x43ODEC_INT8_BLOCKWISE_LINEAR\x10\x04\x12 \n\x1c\x43ODEC_INT8_BLOCKWISE_DYNAMIC\x10\x05\x12\x17\n\x13\x43ODEC_INT8_HADAMARD\x10\x06*\x87\x01\n\tPeerState\x12\x1a\n\x16PEER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12PEER_STATE_JOINING\x10\x01\x12\x15\n\x11PEER_STATE_ONLINE\x10\x02\x12\x17\n\x13PEER_STATE_DRAINING\x10\x03\x12\x16\n\x12PEER_STATE_OFFLINE\x10\x04\x32\x88\x04\n\x04Peer\x12\x44\n\x07\x46orward\x12\x1b.rayswarm.v1.ForwardRequest\x1a\x1c.rayswarm.v1.ForwardResponse\x12N\n\rForwardStream\x12\x1b.rayswarm.v1.ForwardRequest\x1a\x1c.rayswarm.v1.ForwardResponse(\x01\x30\x01\x12G\n\x08\x42\x61\x63kward\x12\x1c.rayswarm.v1.BackwardRequest\x1a\x1d.rayswarm.v1.BackwardResponse\x12Q\n\x0e\x42\x61\x63kwardStream\x12\x1c.rayswarm.v1.BackwardRequest\x1a\x1d.rayswarm.v1.BackwardResponse(\x01\x30\x01\x12N\n\tInference\x12\x1d.rayswarm.v1.InferenceRequest\x1a\x1e.rayswarm.v1.InferenceResponse(\x01\x30\x01\x12;\n\x04Info\x12\x18.rayswarm.v1.InfoRequest\x1a\x19.rayswarm.v1.InfoResponse\x12\x41\n\x06Health\x12\x1a.rayswarm.v1.HealthRequest\x1a\x1b.rayswarm.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'swarm._proto.swarm_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROTOCOLVERSION']._serialized_start=2152
-  _globals['_PROTOCOLVERSION']._serialized_end=2233
-  _globals['_DTYPE']._serialized_start=2236
-  _globals['_DTYPE']._serialized_end=2374
-  _globals['_CODEC']._serialized_start=2377
-  _globals['_CODEC']._serialized_end=2529
-  _globals['_PEERSTATE']._serialized_start=2532
-  _globals['_PEERSTATE']._serialized_end=2667
+  _globals['_PROTOCOLVERSION']._serialized_start=2260
+  _globals['_PROTOCOLVERSION']._serialized_end=2341
+  _globals['_DTYPE']._serialized_start=2344
+  _globals['_DTYPE']._serialized_end=2482
+  _globals['_CODEC']._serialized_start=2485
+  _globals['_CODEC']._serialized_end=2662
+  _globals['_PEERSTATE']._serialized_start=2665
+  _globals['_PEERSTATE']._serialized_end=2800
   _globals['_TENSOR']._serialized_start=42
-  _globals['_TENSOR']._serialized_end=229
-  _globals['_CODECCHOICE']._serialized_start=231
-  _globals['_CODECCHOICE']._serialized_end=299
-  _globals['_FORWARDREQUEST']._serialized_start=302
-  _globals['_FORWARDREQUEST']._serialized_end=546
-  _globals['_FORWARDRESPONSE']._serialized_start=548
-  _globals['_FORWARDRESPONSE']._serialized_end=629
-  _globals['_BACKWARDREQUEST']._serialized_start=632
-  _globals['_BACKWARDREQUEST']._serialized_end=920
-  _globals['_BACKWARDRESPONSE']._serialized_start=922
-  _globals['_BACKWARDRESPONSE']._serialized_end=1002
-  _globals['_INFERENCEOPEN']._serialized_start=1005
-  _globals['_INFERENCEOPEN']._serialized_end=1226
-  _globals['_INFERENCESTEP']._serialized_start=1228
-  _globals['_INFERENCESTEP']._serialized_end=1322
-  _globals['_INFERENCEREQUEST']._serialized_start=1324
-  _globals['_INFERENCEREQUEST']._serialized_end=1438
-  _globals['_INFERENCERESPONSE']._serialized_start=1440
-  _globals['_INFERENCERESPONSE']._serialized_end=1538
-  _globals['_INFOREQUEST']._serialized_start=1540
-  _globals['_INFOREQUEST']._serialized_end=1553
-  _globals['_INFORESPONSE']._serialized_start=1556
-  _globals['_INFORESPONSE']._serialized_end=2020
-  _globals['_HEALTHREQUEST']._serialized_start=2022
-  _globals['_HEALTHREQUEST']._serialized_end=2037
-  _globals['_HEALTHRESPONSE']._serialized_start=2039
-  _globals['_HEALTHRESPONSE']._serialized_end=2150
-  _globals['_PEER']._serialized_start=2670
-  _globals['_PEER']._serialized_end=3190
+  _globals['_TENSOR']._serialized_end=337
+  _globals['_CODECCHOICE']._serialized_start=339
+  _globals['_CODECCHOICE']._serialized_end=407
+  _globals['_FORWARDREQUEST']._serialized_start=410
+  _globals['_FORWARDREQUEST']._serialized_end=654
+  _globals['_FORWARDRESPONSE']._serialized_start=656
+  _globals['_FORWARDRESPONSE']._serialized_end=737
+  _globals['_BACKWARDREQUEST']._serialized_start=740
+  _globals['_BACKWARDREQUEST']._serialized_end=1028
+  _globals['_BACKWARDRESPONSE']._serialized_start=1030
+  _globals['_BACKWARDRESPONSE']._serialized_end=1110
+  _globals['_INFERENCEOPEN']._serialized_start=1113
+  _globals['_INFERENCEOPEN']._serialized_end=1334
+  _globals['_INFERENCESTEP']._serialized_start=1336
+  _globals['_INFERENCESTEP']._serialized_end=1430
+  _globals['_INFERENCEREQUEST']._serialized_start=1432
+  _globals['_INFERENCEREQUEST']._serialized_end=1546
+  _globals['_INFERENCERESPONSE']._serialized_start=1548
+  _globals['_INFERENCERESPONSE']._serialized_end=1646
+  _globals['_INFOREQUEST']._serialized_start=1648
+  _globals['_INFOREQUEST']._serialized_end=1661
+  _globals['_INFORESPONSE']._serialized_start=1664
+  _globals['_INFORESPONSE']._serialized_end=2128
+  _globals['_HEALTHREQUEST']._serialized_start=2130
+  _globals['_HEALTHREQUEST']._serialized_end=2145
+  _globals['_HEALTHRESPONSE']._serialized_start=2147
+  _globals['_HEALTHRESPONSE']._serialized_end=2258
+  _globals['_PEER']._serialized_start=2803
+  _globals['_PEER']._serialized_end=3323
 # @@protoc_insertion_point(module_scope)

@@ -30,6 +30,7 @@ class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CODEC_BFLOAT16: _ClassVar[Codec]
     CODEC_INT8_BLOCKWISE_LINEAR: _ClassVar[Codec]
     CODEC_INT8_BLOCKWISE_DYNAMIC: _ClassVar[Codec]
+    CODEC_INT8_HADAMARD: _ClassVar[Codec]
 
 class PeerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -53,6 +54,7 @@ CODEC_FLOAT16: Codec
 CODEC_BFLOAT16: Codec
 CODEC_INT8_BLOCKWISE_LINEAR: Codec
 CODEC_INT8_BLOCKWISE_DYNAMIC: Codec
+CODEC_INT8_HADAMARD: Codec
 PEER_STATE_UNSPECIFIED: PeerState
 PEER_STATE_JOINING: PeerState
 PEER_STATE_ONLINE: PeerState
@@ -60,7 +62,7 @@ PEER_STATE_DRAINING: PeerState
 PEER_STATE_OFFLINE: PeerState
 
 class Tensor(_message.Message):
-    __slots__ = ("dtype", "shape", "codec", "block_size", "payload", "scales", "chunk_index", "num_chunks")
+    __slots__ = ("dtype", "shape", "codec", "block_size", "payload", "scales", "chunk_index", "num_chunks", "outliers", "outlier_indices", "outlier_values", "scale_dtype")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +71,10 @@ class Tensor(_message.Message):
     SCALES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    OUTLIERS_FIELD_NUMBER: _ClassVar[int]
+    OUTLIER_INDICES_FIELD_NUMBER: _ClassVar[int]
+    OUTLIER_VALUES_FIELD_NUMBER: _ClassVar[int]
+    SCALE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     codec: Codec
@@ -77,7 +83,11 @@ class Tensor(_message.Message):
     scales: bytes
     chunk_index: int
     num_chunks: int
-    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., block_size: _Optional[int] = ..., payload: _Optional[bytes] = ..., scales: _Optional[bytes] = ..., chunk_index: _Optional[int] = ..., num_chunks: _Optional[int] = ...) -> None: ...
+    outliers: int
+    outlier_indices: bytes
+    outlier_values: bytes
+    scale_dtype: DType
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., block_size: _Optional[int] = ..., payload: _Optional[bytes] = ..., scales: _Optional[bytes] = ..., chunk_index: _Optional[int] = ..., num_chunks: _Optional[int] = ..., outliers: _Optional[int] = ..., outlier_indices: _Optional[bytes] = ..., outlier_values: _Optional[bytes] = ..., scale_dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class CodecChoice(_message.Message):
     __slots__ = ("codec", "block_size")

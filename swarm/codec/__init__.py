@@ -1,7 +1,8 @@
 """Tensor <-> protobuf `Tensor` codecs.
 
 base.py: Codec ABC, CodecId, dtype tables, registry; float_cast.py: NONE, FLOAT16, BFLOAT16;
-int8_blockwise.py: INT8_BLOCKWISE_LINEAR (default for hidden states) and INT8_BLOCKWISE_DYNAMIC (bitsandbytes);
+int8_blockwise.py: INT8_BLOCKWISE_LINEAR and INT8_BLOCKWISE_DYNAMIC (bitsandbytes); int8_hadamard.py:
+INT8_HADAMARD, the default for hidden states (exact outliers + rotated int8);
 chunking.py: split and join messages larger than the gRPC limit.
 """
 
@@ -10,12 +11,12 @@ from __future__ import annotations
 import torch
 
 from swarm._proto import swarm_pb2 as pb
-from swarm.codec import float_cast, int8_blockwise  # noqa: F401  (importing registers the codecs)
+from swarm.codec import float_cast, int8_blockwise, int8_hadamard  # noqa: F401  (importing registers the codecs)
 from swarm.codec.base import CODECS, Codec, CodecId, get_codec
 from swarm.codec.chunking import join, split
 
-DEFAULT_CODEC = CodecId.INT8_BLOCKWISE_LINEAR
-DEFAULT_BLOCK_SIZE = int8_blockwise.Int8BlockwiseLinear.default_block_size
+DEFAULT_CODEC = CodecId.INT8_HADAMARD
+DEFAULT_BLOCK_SIZE = int8_hadamard.Int8Hadamard.default_block_size
 
 
 def encode(tensor: torch.Tensor, codec: CodecId, block_size: int = 0) -> pb.Tensor:

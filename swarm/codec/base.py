@@ -26,6 +26,7 @@ class CodecId(enum.IntEnum):
     BFLOAT16 = pb.CODEC_BFLOAT16
     INT8_BLOCKWISE_LINEAR = pb.CODEC_INT8_BLOCKWISE_LINEAR
     INT8_BLOCKWISE_DYNAMIC = pb.CODEC_INT8_BLOCKWISE_DYNAMIC
+    INT8_HADAMARD = pb.CODEC_INT8_HADAMARD
 
 
 TORCH_TO_WIRE_DTYPE: dict[torch.dtype, int] = {
@@ -82,11 +83,8 @@ class Codec(abc.ABC):
 
     @abc.abstractmethod
     def max_error(self, dtype: torch.dtype) -> float:
-        """Worst-case |decoded - x| relative to the reference magnitude of x.
-
-        The reference is max |x| over the element's block for blockwise codecs and |x| itself for float casts.
-        Tests and peers use it to tell codec error from a wrong result.
-        """
+        """Worst-case relative L2 error ||decode(encode(x)) - x|| / ||x|| over a whole tensor, at the default
+        block size. Tests and peers use it to tell codec error from a wrong result."""
 
     @abc.abstractmethod
     def _encode_into(self, tensor: torch.Tensor, block_size: int, msg: pb.Tensor) -> None:

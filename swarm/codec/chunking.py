@@ -1,7 +1,7 @@
 """Split an encoded tensor into messages under a byte limit, and join them back.
 
-Chunks repeat the header (dtype, shape, codec, block_size) and carry consecutive slices of payload and scales,
-aligned to whole blocks so that each chunk holds the scales of exactly its own bytes.
+Every chunk repeats the header (dtype, shape, codec, block_size, outliers) and carries the next slice of each
+bytes field; joining concatenates the slices in chunk_index order. Decoding needs the whole tensor.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import MalformedTensorError
 
+BYTES_FIELDS = ("payload", "scales", "outlier_indices", "outlier_values")
 HEADER_ALLOWANCE = 1024  # bytes kept free for the header and the enclosing request's own fields
 MAX_CHUNKS = 1 << 20
 
@@ -20,18 +21,16 @@ def split(msg: pb.Tensor, max_message_bytes: int) -> Iterator[pb.Tensor]:
     if msg.ByteSize() + HEADER_ALLOWANCE <= max_message_bytes:
         yield msg
         return
-    room = max_message_bytes - HEADER_ALLOWANCE - 16 * len(msg.shape)
+    room = max_message_bytes - HEADER_ALLOWANCE - 16 * len(msg.shape) - 8 * len(BYTES_FIELDS)
     if room <= 0:
         raise ValueError(f"max_message_bytes={max_message_bytes} leaves no room for data")
-    payload, scales = msg.payload, msg.scales  # each field access copies the bytes out of the message
-    unit, scale_bytes = (msg.block_size, 4) if scales else (1, 0)
-    units_per_chunk = max(1, room // (unit + scale_bytes))
-    step, scale_step = units_per_chunk * unit, units_per_chunk * scale_bytes
-    num_chunks = max(1, -(-len(payload) // step))
+    fields = {name: getattr(msg, name) for name in BYTES_FIELDS}  # each access copies: read once
+    num_chunks = -(-sum(len(data) for data in fields.values()) // room)
+    pieces = {name: -(-len(data) // num_chunks) for name, data in fields.items()}
     for index in range(num_chunks):
-        chunk = pb.Tensor(dtype=msg.dtype, shape=msg.shape, codec=msg.codec, block_size=msg.block_size)
-        chunk.payload = payload[index * step : (index + 1) * step]
-        chunk.scales = scales[index * scale_step : (index + 1) * scale_step]
+        chunk = _header(msg)
+        for name, data in fields.items():
+            setattr(chunk, name, data[index * pieces[name] : (index + 1) * pieces[name]])
         chunk.chunk_index, chunk.num_chunks = index, num_chunks
         yield chunk
 
@@ -53,27 +52,28 @@ def join(chunks: Iterable[pb.Tensor]) -> pb.Tensor:
         return first
     by_index: dict[int, pb.Tensor] = {}
     for part in parts:
-        _check_same_header(first, part)
+        if _header(part) != _header(first) or part.num_chunks != first.num_chunks:
+            raise MalformedTensorError(
+                f"chunk {part.chunk_index} disagrees with chunk {first.chunk_index} on its header"
+            )
         if part.chunk_index >= expected or part.chunk_index in by_index:
             raise MalformedTensorError(f"chunk_index {part.chunk_index} repeated or outside 0..{expected - 1}")
         by_index[part.chunk_index] = part
     if len(by_index) != expected:
         missing = sorted(set(range(expected)) - set(by_index))
         raise MalformedTensorError(f"tensor has {expected} chunks but chunks {missing[:8]} are missing")
-    ordered = [by_index[i] for i in range(expected)]
-    whole = pb.Tensor(dtype=first.dtype, shape=first.shape, codec=first.codec, block_size=first.block_size)
-    whole.payload = b"".join(c.payload for c in ordered)
-    whole.scales = b"".join(c.scales for c in ordered)
+    whole = _header(first)
+    for name in BYTES_FIELDS:
+        setattr(whole, name, b"".join(getattr(by_index[i], name) for i in range(expected)))
     return whole
 
 
-def _check_same_header(first: pb.Tensor, other: pb.Tensor) -> None:
-    same = (
-        first.dtype == other.dtype
-        and list(first.shape) == list(other.shape)
-        and first.codec == other.codec
-        and first.block_size == other.block_size
-        and first.num_chunks == other.num_chunks
+def _header(msg: pb.Tensor) -> pb.Tensor:
+    return pb.Tensor(
+        dtype=msg.dtype,
+        shape=msg.shape,
+        codec=msg.codec,
+        block_size=msg.block_size,
+        outliers=msg.outliers,
+        scale_dtype=msg.scale_dtype,
     )
-    if not same:
-        raise MalformedTensorError(f"chunk {other.chunk_index} disagrees with chunk {first.chunk_index} on its header")

@@ -1,0 +1,35 @@
+"""The `swarm` command line. One module per command; each exposes `add_parser(subparsers)` and `run(ns)`.
+
+convert.py: `swarm convert` and `swarm convert-test-model`; demo.py: `swarm demo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from swarm.cli import convert, demo
+
+COMMANDS = (convert, demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarm", description="RaySwarm: run transformer models on a swarm of peers")
+    parser.add_argument("--log-level", default="WARNING", help="Python logging level (default: WARNING)")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(ns.run(ns) or 0)
+
+
+__all__ = ["build_parser", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())
