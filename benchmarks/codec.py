@@ -8,6 +8,7 @@ BLOCKWISE_8BIT serialization (`hivemind_gbps`), on the same tensors as the defau
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -43,16 +44,11 @@ def synthetic_inputs(seed: int = 0) -> dict[str, torch.Tensor]:
 
 @torch.inference_mode()
 def capture_hidden_states(model: Path, input_ids: torch.Tensor) -> list[torch.Tensor]:
-    """Hidden states of the real model at DEPTHS, [1, seq, hidden] each, from our own spans."""
-    head = load_client_head(model)
-    hidden, captured, depth = head.embed(input_ids), [], 0
-    span = load_span(model, 0, max(DEPTHS))
-    for block_index in range(max(DEPTHS)):
-        cos, sin = span.rotary(0, hidden.shape[1], hidden.dtype)
-        hidden = span.blocks[block_index](hidden, cos, sin, 0)
-        depth += 1
-        if depth in DEPTHS:
-            captured.append(hidden.clone())
+    """Hidden states of the real model after DEPTHS blocks, [1, seq, hidden] each."""
+    hidden, captured = load_client_head(model).embed(input_ids), []
+    for start, end in itertools.pairwise((0, *DEPTHS)):
+        hidden = load_span(model, start, end)(hidden)
+        captured.append(hidden)
     return captured
 
 

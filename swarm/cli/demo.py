@@ -8,6 +8,7 @@ result is checked against Hugging Face `generate` on the whole model.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def run(ns: argparse.Namespace) -> int:
     _, _, cfg = open_checkpoint(ns.model)
     bounds = [round(i * cfg.num_layers / ns.spans) for i in range(ns.spans + 1)]
     head = load_client_head(ns.model)
-    spans = [load_span(ns.model, start, end) for start, end in zip(bounds, bounds[1:], strict=False)]
+    spans = [load_span(ns.model, start, end) for start, end in itertools.pairwise(bounds)]
     total = head.parameter_bytes() + sum(s.parameter_bytes() for s in spans)
     print(f"model {ns.model}: {cfg.num_layers} blocks, hidden {cfg.hidden_size}, {total / 2**20:.0f} MiB of weights")
     print(f"  client head: {head.parameter_bytes() / 2**20:.0f} MiB ({head.parameter_bytes() / total:.0%})")
