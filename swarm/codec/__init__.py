@@ -12,7 +12,7 @@ import torch
 
 from swarm._proto import swarm_pb2 as pb
 from swarm.codec import float_cast, int8_blockwise, int8_hadamard  # noqa: F401  (importing registers the codecs)
-from swarm.codec.base import CODECS, Codec, CodecId, get_codec
+from swarm.codec.base import CODECS, Codec, CodecId, get_codec, parse_tensor
 from swarm.codec.chunking import join, split
 
 DEFAULT_CODEC = CodecId.INT8_HADAMARD
@@ -39,5 +39,6 @@ __all__ = [
     "encode",
     "get_codec",
     "join",
+    "parse_tensor",
     "split",
 ]

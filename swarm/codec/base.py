@@ -11,6 +11,7 @@ import math
 from typing import ClassVar
 
 import torch
+from google.protobuf.message import DecodeError
 
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import MalformedTensorError, UnknownCodecError
@@ -118,6 +119,14 @@ def validate_header(msg: pb.Tensor) -> tuple[torch.dtype, tuple[int, ...]]:
             f"message is chunk {msg.chunk_index} of {msg.num_chunks}; join the chunks before decoding"
         )
     return WIRE_TO_TORCH_DTYPE[msg.dtype], shape
+
+
+def parse_tensor(data: bytes) -> pb.Tensor:
+    """Parse a serialized `Tensor` (e.g. read from disk or a raw stream); garbage raises MalformedTensorError."""
+    try:
+        return pb.Tensor.FromString(data)
+    except DecodeError as error:
+        raise MalformedTensorError(f"bytes are not a valid Tensor message ({len(data)} bytes): {error}") from error
 
 
 def expect_length(field: str, actual: int, expected: int, msg: pb.Tensor) -> None:

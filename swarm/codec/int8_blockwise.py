@@ -139,6 +139,8 @@ class Int8BlockwiseDynamic(_BlockwiseCodec):
     def _quantize(self, flat: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         from bitsandbytes.functional import quantize_blockwise
 
+        if not bool(torch.isfinite(flat).all()):  # bitsandbytes' absmax skips NaN, so check the values themselves
+            raise MalformedTensorError("tensor holds NaN or Inf values, which 8-bit blockwise codecs cannot encode")
         codes, state = quantize_blockwise(flat, code=_dynamic_code(flat.device), blocksize=block_size)
         return codes, state.absmax
 
