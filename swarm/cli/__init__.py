@@ -10,6 +10,7 @@ import logging
 import sys
 
 from swarm.cli import convert, demo
+from swarm.errors import SwarmError
 
 COMMANDS = (convert, demo)
 
@@ -26,7 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(ns.run(ns) or 0)
+    try:
+        return int(ns.run(ns) or 0)
+    except SwarmError as error:
+        print(f"swarm {ns.command}: {error}", file=sys.stderr)
+        return 2
 
 
 __all__ = ["build_parser", "main"]

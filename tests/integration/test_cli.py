@@ -1,0 +1,42 @@
+"""The commands the README shows, run as a user would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_generates_the_same_tokens_as_hugging_face(smollm2_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "swarm", "demo", "--model", str(smollm2_path), "--new-tokens", "12"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    assert "span [ 0, 10)" in result.stdout and "span [20, 30)" in result.stdout
+    assert "tokens equal to Hugging Face generate on the whole model: 12/12" in result.stdout
+
+
+def test_help_lists_the_commands() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "swarm", "--help"], capture_output=True, text=True, timeout=60, check=True
+    )
+    for command in ("demo", "convert", "convert-test-model"):
+        assert command in result.stdout
+
+
+def test_convert_reports_a_missing_gguf_clearly(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "swarm", "convert", "--gguf", str(tmp_path / "x.gguf"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "swarm convert: GGUF file" in result.stderr and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,112 @@
+"""Spans of tiny random Llama-family models against Hugging Face's own implementation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from swarm.errors import InvalidRequest, InvalidSpan
+from swarm.partition import load_client_head, load_span
+
+from .conftest import SaveTiny
+
+PARTS = ((0, 2), (2, 5), (5, 6))
+
+
+def chain(path, input_ids: torch.Tensor, parts=PARTS) -> torch.Tensor:
+    head = load_client_head(path)
+    hidden = head.embed(input_ids)
+    for start, end in parts:
+        hidden = load_span(path, start, end)(hidden)
+    return head.logits(hidden)
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        ("llama", {}),
+        ("llama", {"tie_word_embeddings": True}),
+        ("llama", {"attention_bias": True, "mlp_bias": True}),
+        ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+        ("qwen2", {}),
+    ],
+)
+@torch.inference_mode()
+def test_chained_spans_reproduce_the_whole_model(save_tiny: SaveTiny, family: str, overrides: dict) -> None:
+    path, reference = save_tiny(family, **overrides)
+    input_ids = torch.randint(0, 128, (2, 11), generator=torch.Generator().manual_seed(0))
+    expected = reference(input_ids).logits
+    assert (chain(path, input_ids) - expected).abs().max() < 1e-5
+
+
+@torch.inference_mode()
+def test_incremental_decoding_with_caches_matches_the_whole_prompt(save_tiny: SaveTiny) -> None:
+    path, reference = save_tiny()
+    input_ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = reference(input_ids).logits
+    head = load_client_head(path)
+    spans = [load_span(path, start, end) for start, end in PARTS]
+    caches = [span.new_cache(batch_size=2, max_length=16) for span in spans]
+    logits = []
+    # A 4-token prefill, then one token at a time.
+    for first, last in [(0, 4), *[(i, i + 1) for i in range(4, 9)]]:
+        hidden = head.embed(input_ids[:, first:last])
+        for span, cache in zip(spans, caches, strict=True):
+            hidden = span(hidden, position=first, cache=cache)
+        logits.append(head.logits(hidden))
+    assert (torch.cat(logits, dim=1) - expected).abs().max() < 1e-5
+    assert all(cache.length == 9 for cache in caches)
+
+
+@torch.inference_mode()
+def test_position_offset_matches_hf_position_ids(save_tiny: SaveTiny) -> None:
+    path, reference = save_tiny()
+    input_ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(2))
+    position_ids = torch.arange(7, 12).unsqueeze(0)
+    expected = reference(input_ids, position_ids=position_ids).logits
+    head = load_client_head(path)
+    hidden = head.embed(input_ids)
+    for start, end in PARTS:
+        hidden = load_span(path, start, end)(hidden, position=7)
+    assert (head.logits(hidden) - expected).abs().max() < 1e-5
+
+
+@torch.inference_mode()
+def test_rollback_overwrites_the_cache_from_the_given_position(save_tiny: SaveTiny) -> None:
+    path, _ = save_tiny()
+    span = load_span(path, 0, 6)
+    hidden = torch.randn(1, 8, 64)
+    straight = span(hidden, position=0, cache=span.new_cache(1, 8))
+    cache = span.new_cache(1, 8)
+    span(torch.randn(1, 8, 64), position=0, cache=cache)  # a wrong continuation...
+    span(hidden[:, :3], position=0, cache=cache)  # ...rolled back to 0 and replayed
+    resumed = span(hidden[:, 3:], position=3, cache=cache)
+    assert (resumed - straight[:, 3:]).abs().max() < 1e-5
+
+
+def test_span_and_cache_misuse_is_refused(save_tiny: SaveTiny) -> None:
+    path, _ = save_tiny()
+    with pytest.raises(InvalidSpan, match=r"\[4, 9\)"):
+        load_span(path, 4, 9)
+    with pytest.raises(InvalidSpan, match=r"\[3, 3\)"):
+        load_span(path, 3, 3)
+    span = load_span(path, 0, 2)
+    cache = span.new_cache(batch_size=1, max_length=4)
+    with pytest.raises(InvalidRequest, match=r"must be \[batch, seq>0, 64\]"):
+        span(torch.randn(1, 2, 32))
+    with pytest.raises(InvalidRequest, match="skips past"):
+        span(torch.randn(1, 1, 64), position=2, cache=cache)
+    with pytest.raises(InvalidRequest, match="exceed the session's max_length 4"):
+        span(torch.randn(1, 5, 64), position=0, cache=cache)
+    with pytest.raises(InvalidRequest, match="batch size 2"):
+        span(torch.randn(2, 1, 64), position=0, cache=cache)
+
+
+@torch.inference_mode()
+def test_bfloat16_span_runs_and_stays_close(save_tiny: SaveTiny) -> None:
+    path, _ = save_tiny()
+    hidden = torch.randn(1, 6, 64)
+    exact = load_span(path, 0, 6)(hidden)
+    approx = load_span(path, 0, 6, dtype=torch.bfloat16)(hidden)
+    assert approx.dtype == torch.bfloat16
+    assert float((approx.float() - exact).norm() / exact.norm()) < 0.05
