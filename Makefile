@@ -14,6 +14,7 @@ demo: $(MODEL_READY)
 	$(PY) -m swarm demo --model $(MODEL)
 
 test: $(MODEL_READY)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
 
 bench: $(MODEL_READY)

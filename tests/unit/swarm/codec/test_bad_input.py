@@ -15,7 +15,7 @@ def test_truncated_serialized_message_is_refused(codec_id: CodecId) -> None:
     data = encode(torch.randn(2, 64, 64), codec_id).SerializeToString()
     for cut in (1, 7, len(data) // 2, len(data) - 3):
         # Depending on where the cut falls: unparseable, a field gone (codec, dtype), or a short payload.
-        with pytest.raises(InvalidRequest, match="not a valid Tensor|unknown|bytes but shape|dtype|scales"):
+        with pytest.raises(InvalidRequest, match=r"not a valid Tensor|unknown|bytes but shape|dtype|scales"):
             decode(parse_tensor(data[:cut]))
 
 
@@ -31,7 +31,7 @@ def test_garbled_bytes_are_refused() -> None:
 def test_shape_that_does_not_match_the_payload_is_refused(codec_id: CodecId) -> None:
     msg = encode(torch.randn(4, 64), codec_id)
     msg.shape[0] = 5
-    with pytest.raises(MalformedTensorError, match="payload has .* bytes but shape \\[5, 64\\]"):
+    with pytest.raises(MalformedTensorError, match=r"payload has .* bytes but shape \[5, 64\]"):
         decode(msg)
 
 

@@ -50,7 +50,7 @@ def test_missing_directory_is_named(tmp_path: Path) -> None:
 
 
 def test_missing_config_is_named(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
         load_span(tmp_path, 0, 1)
 
 
@@ -87,7 +87,7 @@ def test_a_checkpoint_lacking_a_block_is_refused(save_tiny: SaveTiny, tmp_path: 
     broken = tmp_path / "broken"
     shutil.copytree(path, broken)
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="mlp.up_proj.weight"):
+    with pytest.raises(CheckpointError, match=r"mlp\.up_proj\.weight"):
         load_span(broken, 2, 4)
     load_span(broken, 0, 3)  # blocks that are all there still load
 
