@@ -7,6 +7,7 @@ float32 scales cross to the host. INT8_BLOCKWISE_DYNAMIC stores indices into bit
 
 from __future__ import annotations
 
+import abc
 import functools
 import math
 
@@ -50,13 +51,13 @@ class _BlockwiseCodec(Codec):
 
     _code_dtype: torch.dtype
 
+    @abc.abstractmethod
     def _quantize(self, flat: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 [n] -> (codes [n], absmax [ceil(n / block_size)])."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _dequantize(self, codes: torch.Tensor, absmax: torch.Tensor, block_size: int) -> torch.Tensor:
         """(codes [n], absmax [blocks]) -> float32 [n]."""
-        raise NotImplementedError
 
 
 def _split_blocks(flat: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:

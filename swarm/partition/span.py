@@ -77,7 +77,7 @@ class BlockSpan(nn.Module):
             InvalidRequest: wrong shape, or a position/length the cache cannot hold.
         """
         self._check_input(hidden, position, cache)
-        hidden = hidden.to(self.dtype)
+        hidden = hidden.to(device=self.device, dtype=self.dtype)
         cos, sin = self.rotary(position, hidden.shape[1], hidden.dtype)
         for offset, block in enumerate(self.blocks):
             slot = cache.slot(offset) if cache is not None else None
