@@ -24,6 +24,10 @@ class SessionLost(SwarmError):
     """The peer no longer holds the session's state: replay the history to a new peer."""
 
 
+class SessionNotFound(SessionLost):
+    """The peer never had this session, or has already closed it."""
+
+
 class DeadlineExceeded(SwarmError):
     """A call did not finish in time."""
 
@@ -55,6 +59,7 @@ class InvalidSpan(SwarmError, ValueError):
 _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (PeerUnavailable, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (SessionNotFound, grpc.StatusCode.NOT_FOUND),
     (SessionLost, grpc.StatusCode.ABORTED),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
@@ -67,7 +72,7 @@ _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
     grpc.StatusCode.ABORTED: SessionLost,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
-    grpc.StatusCode.NOT_FOUND: SessionLost,
+    grpc.StatusCode.NOT_FOUND: SessionNotFound,
 }
 
 

@@ -64,24 +64,45 @@ class BlockSpan(nn.Module):
     def parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
-    def new_cache(self, batch_size: int, max_length: int) -> SpanCache:
-        return SpanCache(self.cfg, len(self.blocks), batch_size, max_length, self.dtype, str(self.device))
+    def new_cache(self, batch_size: int, max_length: int, blocks: range | None = None) -> SpanCache:
+        """A KV cache for all blocks of the span, or for the sub-range `blocks` (absolute indices)."""
+        num_blocks = len(self.sub_range(blocks))
+        return SpanCache(self.cfg, num_blocks, batch_size, max_length, self.dtype, str(self.device))
 
-    def forward(self, hidden: torch.Tensor, position: int = 0, cache: SpanCache | None = None) -> torch.Tensor:
-        """Run the span on hidden [batch, seq, hidden] whose first token sits at absolute `position`.
+    def sub_range(self, blocks: range | None) -> range:
+        """Absolute block indices to run; InvalidSpan unless they are a non-empty part of [start, end)."""
+        if blocks is None:
+            return range(self.start, self.end)
+        if not (self.start <= blocks.start < blocks.stop <= self.end and blocks.step == 1):
+            raise InvalidSpan(
+                f"blocks [{blocks.start}, {blocks.stop}) are not within this span [{self.start}, {self.end})"
+            )
+        return blocks
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position: int = 0,
+        cache: SpanCache | None = None,
+        blocks: range | None = None,
+    ) -> torch.Tensor:
+        """Run the span (or its sub-range `blocks`) on hidden [batch, seq, hidden] whose first token sits at
+        absolute `position`.
 
         With a cache, the new tokens attend to the cached positions [0, position) and are stored there;
         without one, they attend only to each other (causally), as in training.
 
         Raises:
             InvalidRequest: wrong shape, or a position/length the cache cannot hold.
+            InvalidSpan: `blocks` is not within the span.
         """
+        blocks = self.sub_range(blocks)
         self._check_input(hidden, position, cache)
         hidden = hidden.to(device=self.device, dtype=self.dtype)
         cos, sin = self.rotary(position, hidden.shape[1], hidden.dtype)
-        for offset, block in enumerate(self.blocks):
+        for offset, index in enumerate(blocks):
             slot = cache.slot(offset) if cache is not None else None
-            hidden = block(hidden, cos, sin, position, slot)
+            hidden = self.blocks[index - self.start](hidden, cos, sin, position, slot)
         if cache is not None:
             cache.length = position + hidden.shape[1]
         return hidden

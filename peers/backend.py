@@ -1,0 +1,80 @@
+"""Runs a peer's span of blocks on tensors: validated forward, backward and inference steps.
+
+Knows nothing of gRPC or Ray. The service decodes tensors and calls these through the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from swarm.errors import InvalidRequest
+from swarm.partition import BlockSpan, SpanCache
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardJob:
+    """One forward request, as the scheduler batches it."""
+
+    hidden: torch.Tensor  # [batch, seq, hidden]
+    position: int
+    blocks: range
+
+
+class SpanBackend:
+    """The compute side of a peer. Serving does not train: parameters are frozen, only input gradients flow."""
+
+    def __init__(self, span: BlockSpan, max_request_tokens: int) -> None:
+        self.span = span.requires_grad_(False)
+        self.max_request_tokens = max_request_tokens
+
+    @property
+    def hidden_size(self) -> int:
+        return self.span.cfg.hidden_size
+
+    def check(self, hidden: torch.Tensor, field: str = "hidden_states") -> None:
+        """Refuse what the blocks cannot run: wrong rank, size or dtype, too many tokens, NaN or Inf.
+
+        Raises:
+            InvalidRequest: naming the field and the problem.
+        """
+        if hidden.dim() != 3 or hidden.shape[2] != self.hidden_size:
+            raise InvalidRequest(f"{field} must be [batch, seq, {self.hidden_size}], got {list(hidden.shape)}")
+        if not hidden.is_floating_point():
+            raise InvalidRequest(f"{field} must be floating point, got {hidden.dtype}")
+        tokens = hidden.shape[0] * hidden.shape[1]
+        if tokens == 0:
+            raise InvalidRequest(f"{field} holds no tokens: shape {list(hidden.shape)}")
+        if tokens > self.max_request_tokens:
+            raise InvalidRequest(f"{field} holds {tokens} tokens; this peer allows {self.max_request_tokens}")
+        if not bool(torch.isfinite(hidden).all()):
+            raise InvalidRequest(f"{field} holds NaN or Inf values")
+
+    def blocks(self, start: int, end: int) -> range:
+        """The absolute block range [start, end), checked against the span (InvalidSpan otherwise)."""
+        return self.span.sub_range(range(start, end))
+
+    @torch.inference_mode()
+    def forward(self, jobs: list[ForwardJob]) -> list[torch.Tensor]:
+        """Run jobs that share position, length and blocks as one batch; returns one output per job."""
+        first = jobs[0]
+        hidden = torch.cat([job.hidden for job in jobs]) if len(jobs) > 1 else first.hidden
+        out = self.span(hidden, position=first.position, blocks=first.blocks)
+        return list(out.split([job.hidden.shape[0] for job in jobs]))
+
+    def backward(self, hidden: torch.Tensor, grad_outputs: torch.Tensor, position: int, blocks: range) -> torch.Tensor:
+        """d loss / d hidden, recomputing the forward from `hidden` (so any replica can answer)."""
+        if grad_outputs.shape != hidden.shape:
+            raise InvalidRequest(
+                f"grad_outputs shape {list(grad_outputs.shape)} differs from hidden_states {list(hidden.shape)}"
+            )
+        with torch.enable_grad():
+            inputs = hidden.detach().to(self.span.dtype).requires_grad_(True)
+            outputs = self.span(inputs, position=position, blocks=blocks)
+            (grad_inputs,) = torch.autograd.grad(outputs, inputs, grad_outputs.to(outputs.dtype))
+        return grad_inputs
+
+    @torch.inference_mode()
+    def inference_step(self, cache: SpanCache, hidden: torch.Tensor, position: int, blocks: range) -> torch.Tensor:
+        return self.span(hidden, position=position, cache=cache, blocks=blocks)

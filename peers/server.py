@@ -1,0 +1,88 @@
+"""Build the gRPC server a peer runs: the Peer service, the standard health service, message limits.
+
+Called by the stage actor (peers/actor.py) and by tests that serve a span in-process.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from peers.backend import SpanBackend
+from peers.kv_cache import CachePool
+from peers.scheduler import Scheduler, TaskKind
+from peers.service import PeerService, ServiceConfig
+from swarm._proto import swarm_pb2 as pb
+from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.partition import BlockSpan
+
+SERVICE_NAME = "rayswarm.v1.Peer"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port
+    max_message_bytes: int = 4 << 20  # gRPC's own default; bigger tensors are chunked on the stream RPCs
+    max_request_tokens: int = 8192  # batch x seq of one request
+    max_batch_tokens: int = 8192  # tokens the scheduler merges into one forward
+    cache_tokens: int = 65536  # KV-cache pool size, in tokens (batch x max_length summed over sessions)
+    max_session_length: int = 8192
+    rpc_threads: int = 32  # concurrent RPCs (each open inference stream holds one)
+
+
+class PeerServer:
+    """A running gRPC server for one span; `state` moves it through JOINING -> ONLINE -> DRAINING."""
+
+    def __init__(self, span: BlockSpan, config: ServerConfig, peer_id: str = "local", model: str = "") -> None:
+        self.config = config
+        self.backend = SpanBackend(span, config.max_request_tokens)
+        self.pool = CachePool(config.cache_tokens)
+        self.scheduler = Scheduler(
+            {
+                TaskKind.FORWARD: self.backend.forward,
+                TaskKind.BACKWARD: lambda jobs: [self.backend.backward(*job) for job in jobs],
+                TaskKind.INFERENCE: lambda jobs: [self.backend.inference_step(*job) for job in jobs],
+            },
+            max_batch_tokens=config.max_batch_tokens,
+        )
+        service = ServiceConfig(
+            peer_id, model, span.cfg.num_layers, config.max_message_bytes, config.max_session_length
+        )
+        self.service = PeerService(self.backend, self.scheduler, self.pool, service)
+        self.health = health.HealthServicer()
+        options = [
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        self._server = grpc.server(futures.ThreadPoolExecutor(config.rpc_threads), options=options)
+        pb_grpc.add_PeerServicer_to_server(self.service, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+        self.address = f"{config.host}:{self.port}"
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def start(self) -> None:
+        self._server.start()
+        self.service.state = pb.PEER_STATE_ONLINE
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def drain(self, grace_s: float) -> bool:
+        """Refuse new sessions, let in-flight work finish within `grace_s`, then stop. True if all finished."""
+        self.service.state = pb.PEER_STATE_DRAINING
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        stopped = self._server.stop(grace_s)
+        finished = stopped.wait(grace_s + 1.0)
+        return self.scheduler.close(timeout_s=1.0) and finished
+
+    def stop(self) -> None:
+        self._server.stop(0).wait(5.0)
+        self.scheduler.close(timeout_s=5.0)
+
+    def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, status)

@@ -1,0 +1,245 @@
+"""The peer's gRPC servicer: decode -> validate -> schedule -> encode, with the one error table applied.
+
+Below this module there are no gRPC types: the backend sees tensors, the scheduler sees payloads.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import torch
+
+from peers.backend import ForwardJob, SpanBackend
+from peers.kv_cache import CachePool
+from peers.scheduler import Scheduler, TaskKind
+from swarm._proto import swarm_pb2 as pb
+from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
+from swarm.codec.base import TORCH_TO_WIRE_DTYPE
+from swarm.errors import InvalidRequest, PeerUnavailable, status_for
+
+logger = logging.getLogger(__name__)
+
+STATE_NAMES = {pb.PEER_STATE_JOINING: "JOINING", pb.PEER_STATE_ONLINE: "ONLINE", pb.PEER_STATE_DRAINING: "DRAINING"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    peer_id: str
+    model: str
+    num_blocks_total: int
+    max_message_bytes: int  # largest message accepted or sent; bigger tensors travel on the *Stream RPCs
+    max_session_length: int  # tokens per sequence an inference session may reserve
+
+
+def _answers_errors(method: Callable) -> Callable:
+    """Turn exceptions into gRPC statuses through swarm.errors; works for unary and streaming handlers."""
+
+    def abort(context: grpc.ServicerContext, error: BaseException) -> None:
+        code = status_for(error)
+        if code is grpc.StatusCode.INTERNAL:
+            logger.exception("rpc=%s failed unexpectedly", method.__name__)
+        context.abort(code, f"{type(error).__name__}: {error}")
+
+    if method.__name__ in {"ForwardStream", "BackwardStream", "Inference"}:
+
+        @functools.wraps(method)
+        def streaming(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from method(self, request, context)
+            except Exception as error:
+                abort(context, error)
+
+        return streaming
+
+    @functools.wraps(method)
+    def unary(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except Exception as error:
+            abort(context, error)
+
+    return unary
+
+
+class PeerService(pb_grpc.PeerServicer):
+    def __init__(self, backend: SpanBackend, scheduler: Scheduler, pool: CachePool, config: ServiceConfig) -> None:
+        self.backend, self.scheduler, self.pool, self.config = backend, scheduler, pool, config
+        self.state: int = pb.PEER_STATE_JOINING
+
+    # ---- stateless compute ----
+
+    @_answers_errors
+    def Forward(self, request: pb.ForwardRequest, context: grpc.ServicerContext) -> pb.ForwardResponse:
+        output, choice = self._forward(request, request.hidden_states)
+        return pb.ForwardResponse(hidden_states=self._encode_one(output, choice), request_id=request.request_id)
+
+    @_answers_errors
+    def ForwardStream(self, requests: Iterable[pb.ForwardRequest], context: grpc.ServicerContext) -> Iterator:
+        first, tensor = _collect(requests, "hidden_states")
+        output, choice = self._forward(first, tensor)
+        for chunk in split(self._encode(output, choice), self.config.max_message_bytes):
+            yield pb.ForwardResponse(hidden_states=chunk, request_id=first.request_id)
+
+    @_answers_errors
+    def Backward(self, request: pb.BackwardRequest, context: grpc.ServicerContext) -> pb.BackwardResponse:
+        grads, choice = self._backward(request, request.hidden_states, request.grad_outputs)
+        return pb.BackwardResponse(grad_inputs=self._encode_one(grads, choice), request_id=request.request_id)
+
+    @_answers_errors
+    def BackwardStream(self, requests: Iterable[pb.BackwardRequest], context: grpc.ServicerContext) -> Iterator:
+        parts = list(requests)
+        first, hidden = _collect(parts, "hidden_states")
+        _, grad_outputs = _collect(parts, "grad_outputs")
+        grads, choice = self._backward(first, hidden, grad_outputs)
+        for chunk in split(self._encode(grads, choice), self.config.max_message_bytes):
+            yield pb.BackwardResponse(grad_inputs=chunk, request_id=first.request_id)
+
+    def _forward(self, request: pb.ForwardRequest, tensor: pb.Tensor) -> tuple[torch.Tensor, pb.CodecChoice]:
+        _check_version(request.protocol_version)
+        blocks = self.backend.blocks(request.start_block, request.end_block)
+        hidden = self._decode_checked(tensor, "hidden_states")
+        job = ForwardJob(hidden, int(request.position), blocks)
+        key = (blocks.start, blocks.stop, job.position, hidden.shape[1], hidden.dtype)
+        future = self.scheduler.submit(TaskKind.FORWARD, job, tokens=hidden.shape[0] * hidden.shape[1], batch_key=key)
+        return future.result(), self._response_codec(request.response_codec, tensor)
+
+    def _backward(
+        self, request: pb.BackwardRequest, hidden_msg: pb.Tensor, grad_msg: pb.Tensor
+    ) -> tuple[torch.Tensor, pb.CodecChoice]:
+        _check_version(request.protocol_version)
+        blocks = self.backend.blocks(request.start_block, request.end_block)
+        hidden = self._decode_checked(hidden_msg, "hidden_states")
+        grads = self._decode_checked(grad_msg, "grad_outputs")
+        payload = (hidden, grads, int(request.position), blocks)
+        future = self.scheduler.submit(TaskKind.BACKWARD, payload, tokens=hidden.shape[0] * hidden.shape[1])
+        return future.result(), self._response_codec(request.response_codec, grad_msg)
+
+    # ---- inference sessions ----
+
+    @_answers_errors
+    def Inference(self, requests: Iterable[pb.InferenceRequest], context: grpc.ServicerContext) -> Iterator:
+        requests = iter(requests)
+        opening = next(requests, None)
+        if opening is None or opening.WhichOneof("kind") != "open":
+            raise InvalidRequest("an inference stream must start with an `open` message")
+        session_id, blocks, choice = self._open_session(opening.open)
+        try:
+            yield from self._serve_steps(session_id, blocks, choice, requests)
+        finally:
+            self.pool.release(session_id)
+
+    def _open_session(self, opening: pb.InferenceOpen) -> tuple[str, range, pb.CodecChoice]:
+        _check_version(opening.protocol_version)
+        if self.state != pb.PEER_STATE_ONLINE:
+            raise PeerUnavailable(f"peer is {STATE_NAMES.get(self.state, self.state)} and opens no new sessions")
+        blocks = self.backend.blocks(opening.start_block, opening.end_block)
+        if not 1 <= opening.max_length <= self.config.max_session_length:
+            raise InvalidRequest(
+                f"max_length must be in [1, {self.config.max_session_length}], got {opening.max_length}"
+            )
+        if opening.batch_size < 1:
+            raise InvalidRequest(f"batch_size must be >= 1, got {opening.batch_size}")
+        tokens = opening.batch_size * opening.max_length
+        span = self.backend.span
+        self.pool.allocate(
+            opening.session_id, tokens, lambda: span.new_cache(opening.batch_size, opening.max_length, blocks)
+        )
+        return opening.session_id, blocks, self._response_codec(opening.response_codec, None)
+
+    def _serve_steps(
+        self, session_id: str, blocks: range, choice: pb.CodecChoice, requests: Iterator[pb.InferenceRequest]
+    ) -> Iterator[pb.InferenceResponse]:
+        cache = self.pool.get(session_id)
+        chunks: list[pb.Tensor] = []
+        for request in requests:
+            if request.WhichOneof("kind") != "step":
+                raise InvalidRequest("after `open`, an inference stream carries only `step` messages")
+            step = request.step
+            chunks.append(step.hidden_states)
+            if len(chunks) < max(step.hidden_states.num_chunks, 1):
+                continue
+            hidden = self._decode_checked(join(chunks), "hidden_states")
+            chunks = []
+            payload = (cache, hidden, int(step.position), blocks)
+            output = self.scheduler.submit(TaskKind.INFERENCE, payload, tokens=hidden.shape[0] * hidden.shape[1])
+            output = output.result()
+            for chunk in split(self._encode(output, choice), self.config.max_message_bytes):
+                yield pb.InferenceResponse(step_id=step.step_id, position=cache.length, hidden_states=chunk)
+
+    # ---- info and health ----
+
+    @_answers_errors
+    def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
+        span = self.backend.span
+        return pb.InfoResponse(
+            protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+            peer_id=self.config.peer_id,
+            model=self.config.model,
+            start_block=span.start,
+            end_block=span.end,
+            num_blocks_total=self.config.num_blocks_total,
+            hidden_size=span.cfg.hidden_size,
+            dtype=TORCH_TO_WIRE_DTYPE[span.dtype],
+            state=self.state,
+            forward_tokens_per_s=self.scheduler.meters[TaskKind.FORWARD].rate,
+            inference_steps_per_s=self.scheduler.meters[TaskKind.INFERENCE].rate,
+            queue_length=self.scheduler.queue_length,
+            cache_tokens_free=self.pool.tokens_free,
+            cache_tokens_total=self.pool.capacity_tokens,
+            max_message_bytes=self.config.max_message_bytes,
+            codecs=[int(c) for c in CODECS],
+        )
+
+    @_answers_errors
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
+        return pb.HealthResponse(state=self.state, protocol_version=pb.PROTOCOL_VERSION_CURRENT)
+
+    # ---- helpers ----
+
+    def _decode_checked(self, msg: pb.Tensor, field: str) -> torch.Tensor:
+        if not msg.ByteSize():
+            raise InvalidRequest(f"{field} is missing")
+        tensor = decode(msg, device=self.backend.span.device)
+        self.backend.check(tensor, field)
+        return tensor
+
+    def _response_codec(self, choice: pb.CodecChoice, request_tensor: pb.Tensor | None) -> pb.CodecChoice:
+        """The codec the caller asked for; unset means the codec its own tensor came in (or NONE)."""
+        if choice.codec == pb.CODEC_UNSPECIFIED:
+            codec = request_tensor.codec if request_tensor is not None else pb.CODEC_NONE
+            return pb.CodecChoice(codec=codec, block_size=request_tensor.block_size if request_tensor else 0)
+        get_codec(choice.codec)  # UnknownCodecError for an id this peer does not know
+        return choice
+
+    def _encode(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor:
+        return encode(tensor, CodecId(choice.codec), choice.block_size)
+
+    def _encode_one(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor:
+        msg = self._encode(tensor, choice)
+        if msg.ByteSize() > self.config.max_message_bytes:
+            raise InvalidRequest(
+                f"the response ({msg.ByteSize()} bytes) exceeds max_message_bytes={self.config.max_message_bytes}; "
+                "use the streaming RPC"
+            )
+        return msg
+
+
+def _collect(requests: Iterable[Any], field: str) -> tuple[Any, pb.Tensor]:
+    """The first request of a chunked stream and the tensor `field` joined from all of them."""
+    parts = list(requests)
+    if not parts:
+        raise InvalidRequest("the stream carried no request")
+    return parts[0], join(getattr(p, field) for p in parts)
+
+
+def _check_version(version: int) -> None:
+    if version != pb.PROTOCOL_VERSION_CURRENT:
+        raise InvalidRequest(
+            f"protocol_version {version} is not supported; this peer speaks {pb.PROTOCOL_VERSION_CURRENT}"
+        )

@@ -1,0 +1,38 @@
+"""Two real peers serving SmolLM2 over gRPC on 127.0.0.1: blocks [0, 15) and [15, 30), shared by the module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from peers.server import PeerServer, ServerConfig
+from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.partition import load_span
+
+SPLIT = 15
+
+
+@pytest.fixture(scope="session")
+def peer_servers(smollm2_path: Path) -> Iterator[list[PeerServer]]:
+    config = ServerConfig(cache_tokens=4096, max_session_length=1024, max_request_tokens=4096)
+    servers = [
+        PeerServer(load_span(smollm2_path, start, end), config, peer_id=f"peer-{start}", model="smollm2")
+        for start, end in ((0, SPLIT), (SPLIT, 30))
+    ]
+    for server in servers:
+        server.start()
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def stubs(peer_servers: list[PeerServer]) -> Iterator[list[pb_grpc.PeerStub]]:
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    channels = [grpc.insecure_channel(server.address, options=options) for server in peer_servers]
+    yield [pb_grpc.PeerStub(channel) for channel in channels]
+    for channel in channels:
+        channel.close()
