@@ -1,0 +1,153 @@
+"""Every kind of bad input sent to a live peer gets its status and a message naming the problem; the peer keeps
+serving (a valid request right after succeeds)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import grpc
+import pytest
+import torch
+
+from swarm._proto import swarm_pb2 as pb
+from swarm.codec import CodecId, encode
+
+V = pb.PROTOCOL_VERSION_CURRENT
+INVALID, EXHAUSTED, NOT_FOUND = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+)
+
+
+def forward_request(hidden: torch.Tensor | pb.Tensor, **fields) -> pb.ForwardRequest:
+    tensor = hidden if isinstance(hidden, pb.Tensor) else encode(hidden, CodecId.NONE)
+    defaults = dict(protocol_version=V, start_block=0, end_block=15, hidden_states=tensor)
+    return pb.ForwardRequest(**{**defaults, **fields})
+
+
+def nan_tensor() -> torch.Tensor:
+    hidden = torch.randn(1, 3, 576)
+    hidden[0, 1, 7] = math.nan
+    return hidden
+
+
+def garbled() -> pb.Tensor:
+    msg = encode(torch.randn(1, 3, 576), CodecId.NONE)
+    msg.payload = msg.payload[:-10]
+    return msg
+
+
+def unknown_codec() -> pb.Tensor:
+    msg = encode(torch.randn(1, 3, 576), CodecId.NONE)
+    msg.codec = 42
+    return msg
+
+
+FORWARD_CASES = {
+    "wrong hidden size": (forward_request(torch.randn(1, 3, 100)), INVALID, "must be [batch, seq, 576]"),
+    "wrong rank": (forward_request(torch.randn(3, 576)), INVALID, "must be [batch, seq, 576]"),
+    "integer dtype": (forward_request(torch.ones(1, 3, 576, dtype=torch.int64)), INVALID, "floating point"),
+    "NaN": (forward_request(nan_tensor()), INVALID, "NaN or Inf"),
+    "too many tokens": (
+        forward_request(encode(torch.randn(1, 4097, 576), CodecId.INT8_HADAMARD)),
+        INVALID,
+        "allows 4096",
+    ),
+    "truncated payload": (forward_request(garbled()), INVALID, "payload has"),
+    "unknown codec": (forward_request(unknown_codec()), INVALID, "unknown codec id 42"),
+    "unknown response codec": (
+        forward_request(torch.randn(1, 2, 576), response_codec=pb.CodecChoice(codec=77)),
+        INVALID,
+        "unknown codec id 77",
+    ),
+    "blocks outside the span": (forward_request(torch.randn(1, 2, 576), end_block=20), INVALID, "not within"),
+    "missing tensor": (pb.ForwardRequest(protocol_version=V, start_block=0, end_block=15), INVALID, "missing"),
+    "old protocol": (forward_request(torch.randn(1, 2, 576), protocol_version=0), INVALID, "protocol_version 0"),
+    "oversized message": (forward_request(torch.randn(1, 2000, 576)), EXHAUSTED, "larger than max"),
+}
+
+
+def assert_still_serving(stub) -> None:
+    reply = stub.Forward(forward_request(torch.randn(1, 2, 576)), timeout=60)
+    assert list(reply.hidden_states.shape) == [1, 2, 576]
+
+
+@pytest.mark.parametrize("case", list(FORWARD_CASES))
+def test_bad_forward_gets_its_status_and_the_peer_keeps_serving(stubs, case: str) -> None:
+    request, code, message = FORWARD_CASES[case]
+    with pytest.raises(grpc.RpcError) as caught:
+        stubs[0].Forward(request, timeout=60)
+    assert caught.value.code() == code, caught.value.details()
+    assert message in caught.value.details()
+    assert_still_serving(stubs[0])
+
+
+def test_bad_backward_gradient_shape_is_refused(stubs) -> None:
+    request = pb.BackwardRequest(
+        protocol_version=V,
+        start_block=15,
+        end_block=30,
+        hidden_states=encode(torch.randn(1, 3, 576), CodecId.NONE),
+        grad_outputs=encode(torch.randn(1, 2, 576), CodecId.NONE),
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        stubs[1].Backward(request, timeout=60)
+    assert caught.value.code() == INVALID and "grad_outputs shape [1, 2, 576]" in caught.value.details()
+    assert_still_serving(stubs[0])
+
+
+def session(session_id: str, steps: list[tuple[int, torch.Tensor]], max_length: int = 8, batch_size: int = 1):
+    yield pb.InferenceRequest(
+        open=pb.InferenceOpen(
+            protocol_version=V,
+            session_id=session_id,
+            start_block=0,
+            end_block=15,
+            batch_size=batch_size,
+            max_length=max_length,
+        )
+    )
+    for step_id, (position, hidden) in enumerate(steps):
+        step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=encode(hidden, CodecId.NONE))
+        yield pb.InferenceRequest(step=step)
+
+
+INFERENCE_CASES = {
+    "steps beyond max_length": (
+        lambda: session(uuid.uuid4().hex, [(0, torch.randn(1, 6, 576)), (6, torch.randn(1, 3, 576))]),
+        INVALID,
+        "exceed the session's max_length 8",
+    ),
+    "a gap in positions": (
+        lambda: session(uuid.uuid4().hex, [(2, torch.randn(1, 1, 576))]),
+        INVALID,
+        "skips past",
+    ),
+    "cache pool full": (
+        lambda: session(uuid.uuid4().hex, [], max_length=1024, batch_size=5),
+        EXHAUSTED,
+        "pool is full",
+    ),
+    "max_length over the limit": (lambda: session(uuid.uuid4().hex, [], max_length=5000), INVALID, "max_length"),
+    "no open message": (
+        lambda: iter([pb.InferenceRequest(step=pb.InferenceStep(position=0))]),
+        INVALID,
+        "must start with an `open`",
+    ),
+    "NaN in a step": (lambda: session(uuid.uuid4().hex, [(0, nan_tensor())]), INVALID, "NaN or Inf"),
+}
+
+
+@pytest.mark.parametrize("case", list(INFERENCE_CASES))
+def test_bad_inference_gets_its_status_and_the_peer_keeps_serving(stubs, peer_servers, case: str) -> None:
+    make_requests, code, message = INFERENCE_CASES[case]
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stubs[0].Inference(make_requests(), timeout=60))
+    assert caught.value.code() == code, caught.value.details()
+    assert message in caught.value.details()
+    assert peer_servers[0].pool.open_sessions == 0  # the failed session gave its cache back
+    replies = list(stubs[0].Inference(session(uuid.uuid4().hex, [(0, torch.randn(1, 2, 576))]), timeout=60))
+    assert len(replies) == 1
+    assert_still_serving(stubs[0])
