@@ -51,7 +51,7 @@ def test_inference_runs_before_queued_training_work_and_forwards_batch(recorder_
     kinds = [kind for kind, _ in recorder.groups]
     assert kinds.index(TaskKind.INFERENCE) < kinds.index(TaskKind.FORWARD)
     forward_groups = [payloads for kind, payloads in recorder.groups if kind is TaskKind.FORWARD]
-    assert forward_groups == [["f0", "f1"], ["g"], ["f2"]]  # same key, within 10 tokens, batched
+    assert forward_groups == [["f0", "f1"], ["f2"], ["g"]]  # same key batched up to 10 tokens, then FIFO
 
 
 def test_a_failing_task_fails_only_its_group_and_the_worker_goes_on(recorder_and_scheduler) -> None:
