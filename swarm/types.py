@@ -1,0 +1,51 @@
+"""Frozen records shared by every layer: peer states, block spans and what a peer announces about itself."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from swarm.errors import InvalidSpan
+
+
+class PeerState(enum.Enum):
+    JOINING = "JOINING"  # announced, loading weights, not serving yet
+    ONLINE = "ONLINE"  # serving
+    DRAINING = "DRAINING"  # finishing in-flight work, refusing new sessions
+    OFFLINE = "OFFLINE"  # gone (announced on the way out; the record then expires)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    start: int  # first block served, inclusive
+    end: int  # exclusive
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise InvalidSpan(f"span [{self.start}, {self.end}) is empty or negative")
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    def __contains__(self, block: object) -> bool:
+        return isinstance(block, int) and self.start <= block < self.end
+
+    def __str__(self) -> str:
+        return f"[{self.start}, {self.end})"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerInfo:
+    """One peer as routers see it: where it is, what it serves, and how loaded it is."""
+
+    peer_id: str
+    address: str  # host:port of its gRPC server
+    span: Span
+    state: PeerState
+    forward_tokens_per_s: float = 0.0  # measured by the peer itself
+    inference_steps_per_s: float = 0.0
+    queue_length: int = 0
+    cache_tokens_free: int = 0
+    metrics_address: str = ""  # host:port of its Prometheus /metrics, "" if none
+    model: str = ""

@@ -1,0 +1,60 @@
+"""The registry on a real hivemind DHT (two nodes on 127.0.0.1): announce, read, refresh, expire."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from swarm.registry import Announcer, Registry
+from swarm.registry.dht import peers_key
+from swarm.types import PeerInfo, PeerState, Span
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[tuple[Registry, Registry]]:
+    bootstrap = Registry()
+    client = Registry(initial_peers=bootstrap.addresses, client_mode=True)
+    yield bootstrap, client
+    client.shutdown()
+    bootstrap.shutdown()
+
+
+def info(peer_id: str, model: str, state: PeerState = PeerState.ONLINE) -> PeerInfo:
+    return PeerInfo(peer_id, f"127.0.0.1:{len(peer_id)}", Span(0, 10), state, 50.0, model=model)
+
+
+def test_a_record_is_seen_by_other_nodes_and_expires(nodes) -> None:
+    bootstrap, client = nodes
+    assert client.announce(info("peer-1", "expiring"), ttl_s=2.0)
+    assert [p.peer_id for p in bootstrap.peers("expiring")] == ["peer-1"]
+    assert "expiring" in bootstrap.models()
+    time.sleep(2.5)
+    assert bootstrap.peers("expiring") == []
+
+
+def test_malformed_records_are_skipped(nodes) -> None:
+    from hivemind.utils import get_dht_time
+
+    bootstrap, client = nodes
+    client.announce(info("good", "mixed"), ttl_s=30)
+    client.dht.store(peers_key("mixed"), {"start": "zero"}, get_dht_time() + 30, subkey="evil")
+    assert [p.peer_id for p in bootstrap.peers("mixed")] == ["good"]
+
+
+def test_announcer_refreshes_and_says_offline_on_stop(nodes) -> None:
+    bootstrap, client = nodes
+    announcer = Announcer(client, lambda: info("refreshed", "kept"), period_s=0.5, ttl_s=1.5)
+    announcer.start()
+    time.sleep(2.5)  # longer than the TTL: only refreshing keeps it
+    assert [p.state for p in bootstrap.peers("kept")] == [PeerState.ONLINE]
+    announcer.stop()
+    assert [p.state for p in bootstrap.peers("kept")] == [PeerState.OFFLINE]
+
+
+def test_joining_through_a_dead_address_is_a_clear_error() -> None:
+    from swarm.errors import PeerUnavailable
+
+    with pytest.raises(PeerUnavailable, match="cannot join the DHT"):
+        Registry(initial_peers=["/ip4/127.0.0.1/tcp/9/p2p/12D3KooWMHr5hjGuPWXKRTModAe6d5XJPPRZTh1etdPTcGrufppx"])
