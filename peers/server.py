@@ -5,6 +5,7 @@ Called by the stage actor (peers/actor.py) and by tests that serve a span in-pro
 
 from __future__ import annotations
 
+import time
 from concurrent import futures
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from peers.backend import SpanBackend
 from peers.kv_cache import CachePool
+from peers.metrics import PeerMetrics
 from peers.scheduler import Scheduler, TaskKind
 from peers.service import PeerService, ServiceConfig
 from swarm._proto import swarm_pb2 as pb
@@ -52,7 +54,9 @@ class PeerServer:
         service = ServiceConfig(
             peer_id, model, span.cfg.num_layers, config.max_message_bytes, config.max_session_length
         )
-        self.service = PeerService(self.backend, self.scheduler, self.pool, service)
+        self.metrics = PeerMetrics(peer_id)
+        self.service = PeerService(self.backend, self.scheduler, self.pool, service, self.metrics)
+        self._bind_gauges()
         self.health = health.HealthServicer()
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -73,15 +77,32 @@ class PeerServer:
 
     def drain(self, grace_s: float) -> bool:
         """Refuse new sessions, let in-flight work finish within `grace_s`, then stop. True if all finished."""
+        deadline = time.monotonic() + grace_s
         self.service.state = pb.PEER_STATE_DRAINING
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        stopped = self._server.stop(grace_s)
-        finished = stopped.wait(grace_s + 1.0)
-        return self.scheduler.close(timeout_s=1.0) and finished
+        # Keep answering while sessions finish, so that new ones get a clear UNAVAILABLE ("peer is DRAINING").
+        while (self.pool.open_sessions or self.scheduler.queue_length) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        remaining = max(deadline - time.monotonic(), 0.0)
+        finished = self._server.stop(remaining).wait(remaining + 1.0)
+        return self.scheduler.close(timeout_s=1.0) and finished and not self.pool.open_sessions
 
     def stop(self) -> None:
         self._server.stop(0).wait(5.0)
         self.scheduler.close(timeout_s=5.0)
+
+    def _bind_gauges(self) -> None:
+        m, meters = self.metrics, self.scheduler.meters
+        m.bind_gauges(
+            {
+                m.queue_length: lambda: self.scheduler.queue_length,
+                m.cache_tokens_in_use: lambda: self.pool.tokens_in_use,
+                m.cache_tokens_total: lambda: self.pool.capacity_tokens,
+                m.open_sessions: lambda: self.pool.open_sessions,
+                m.forward_tokens_per_s: lambda: meters[TaskKind.FORWARD].rate,
+                m.inference_steps_per_s: lambda: meters[TaskKind.INFERENCE].rate,
+            }
+        )
 
     def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 
 from peers.backend import ForwardJob, SpanBackend
 from peers.kv_cache import CachePool
+from peers.metrics import PeerMetrics
 from peers.scheduler import Scheduler, TaskKind
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
@@ -40,36 +42,52 @@ class ServiceConfig:
 def _answers_errors(method: Callable) -> Callable:
     """Turn exceptions into gRPC statuses through swarm.errors; works for unary and streaming handlers."""
 
-    def abort(context: grpc.ServicerContext, error: BaseException) -> None:
+    rpc = method.__name__
+
+    def abort(service: PeerService, context: grpc.ServicerContext, error: BaseException) -> None:
         code = status_for(error)
         if code is grpc.StatusCode.INTERNAL:
-            logger.exception("rpc=%s failed unexpectedly", method.__name__)
+            logger.exception("peer=%s rpc=%s failed unexpectedly", service.config.peer_id, rpc)
+        service.metrics.requests.labels(rpc=rpc, status=code.name).inc()
         context.abort(code, f"{type(error).__name__}: {error}")
 
-    if method.__name__ in {"ForwardStream", "BackwardStream", "Inference"}:
+    def succeeded(service: PeerService, started: float) -> None:
+        service.metrics.requests.labels(rpc=rpc, status="OK").inc()
+        if rpc != "Inference":  # steps are timed one by one in _serve_steps
+            service.metrics.latency.labels(rpc=rpc).observe(time.perf_counter() - started)
+
+    if rpc in {"ForwardStream", "BackwardStream", "Inference"}:
 
         @functools.wraps(method)
-        def streaming(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        def streaming(self: PeerService, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            started = time.perf_counter()
             try:
                 yield from method(self, request, context)
             except Exception as error:
-                abort(context, error)
+                abort(self, context, error)
+            succeeded(self, started)
 
         return streaming
 
     @functools.wraps(method)
-    def unary(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+    def unary(self: PeerService, request: Any, context: grpc.ServicerContext) -> Any:
+        started = time.perf_counter()
         try:
-            return method(self, request, context)
+            response = method(self, request, context)
         except Exception as error:
-            abort(context, error)
+            abort(self, context, error)
+        succeeded(self, started)
+        return response
 
     return unary
 
 
 class PeerService(pb_grpc.PeerServicer):
-    def __init__(self, backend: SpanBackend, scheduler: Scheduler, pool: CachePool, config: ServiceConfig) -> None:
+    def __init__(
+        self, backend: SpanBackend, scheduler: Scheduler, pool: CachePool, config: ServiceConfig, metrics: PeerMetrics
+    ) -> None:
         self.backend, self.scheduler, self.pool, self.config = backend, scheduler, pool, config
+        self.metrics = metrics
         self.state: int = pb.PEER_STATE_JOINING
 
     # ---- stateless compute ----
@@ -166,9 +184,11 @@ class PeerService(pb_grpc.PeerServicer):
                 continue
             hidden = self._decode_checked(join(chunks), "hidden_states")
             chunks = []
+            started = time.perf_counter()
             payload = (cache, hidden, int(step.position), blocks)
             output = self.scheduler.submit(TaskKind.INFERENCE, payload, tokens=hidden.shape[0] * hidden.shape[1])
             output = output.result()
+            self.metrics.latency.labels(rpc="Inference").observe(time.perf_counter() - started)
             for chunk in split(self._encode(output, choice), self.config.max_message_bytes):
                 yield pb.InferenceResponse(step_id=step.step_id, position=cache.length, hidden_states=chunk)
 
@@ -206,6 +226,7 @@ class PeerService(pb_grpc.PeerServicer):
         if not msg.ByteSize():
             raise InvalidRequest(f"{field} is missing")
         tensor = decode(msg, device=self.backend.span.device)
+        self.metrics.tensor("in", tensor.numel() * tensor.element_size(), msg.ByteSize())
         self.backend.check(tensor, field)
         return tensor
 
@@ -218,7 +239,9 @@ class PeerService(pb_grpc.PeerServicer):
         return choice
 
     def _encode(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor:
-        return encode(tensor, CodecId(choice.codec), choice.block_size)
+        msg = encode(tensor, CodecId(choice.codec), choice.block_size)
+        self.metrics.tensor("out", tensor.numel() * tensor.element_size(), msg.ByteSize())
+        return msg
 
     def _encode_one(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor:
         msg = self._encode(tensor, choice)

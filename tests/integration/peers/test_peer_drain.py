@@ -54,7 +54,8 @@ def test_drain_finishes_the_open_session_and_refuses_new_ones(smollm2_path: Path
             time.sleep(0.001)
         with pytest.raises(grpc.RpcError) as refused:
             list(stub.Inference(iter([open_message(uuid.uuid4().hex)]), timeout=10))
-        assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE,)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "DRAINING" in refused.value.details()
         # The session that was open before the drain still gets its next step answered.
         outgoing.put(step_message(1, 3, torch.randn(1, 1, 576)))
         reply = next(responses)

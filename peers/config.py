@@ -1,0 +1,72 @@
+"""PeerConfig: everything a peer daemon is told, typed and in one place (built from CLI flags)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from peers.server import ServerConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConfig:
+    model_path: str
+    initial_peers: tuple[str, ...] = ()
+    model_name: str = ""  # registry key; "" means the checkpoint directory's name
+    blocks: tuple[int, int] | None = None  # explicit span [start, end); None lets placement choose
+    num_blocks: int | None = None  # how many blocks placement should take; None: the whole model
+    device: str = "cpu"
+    dtype: str = "float32"
+    host: str = "127.0.0.1"  # address the gRPC server binds and announces
+    metrics_port: int = 0  # Prometheus /metrics port; 0: any free port
+    ttl_s: float = 30.0  # a record not refreshed within this disappears from the registry
+    announce_period_s: float = 10.0
+    drain_grace_s: float = 30.0  # in-flight work gets this long after SIGTERM
+    threads: int = 0  # torch threads for compute; 0: one per core
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    @property
+    def name(self) -> str:
+        return self.model_name or Path(self.model_path).name
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.blocks is not None and self.num_blocks is not None:
+            raise ValueError("give --blocks or --num-blocks, not both")
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> PeerConfig:
+        server = dataclasses.replace(ServerConfig(), host=ns.host, port=ns.port, cache_tokens=ns.cache_tokens)
+        return cls(
+            model_path=str(ns.model),
+            initial_peers=tuple(ns.initial_peers or ()),
+            model_name=ns.model_name or "",
+            blocks=parse_blocks(ns.blocks) if ns.blocks else None,
+            num_blocks=ns.num_blocks,
+            device=ns.device,
+            dtype=ns.dtype,
+            host=ns.host,
+            metrics_port=ns.metrics_port,
+            ttl_s=ns.ttl,
+            announce_period_s=ns.announce_period or ns.ttl / 3,
+            drain_grace_s=ns.drain_grace,
+            server=server,
+        )
+
+
+def parse_blocks(text: str) -> tuple[int, int]:
+    """'A:B' -> (A, B)."""
+    try:
+        start, end = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--blocks must look like START:END, got {text!r}") from None
+    if not 0 <= start < end:
+        raise ValueError(f"--blocks {text} is empty or negative")
+    return start, end

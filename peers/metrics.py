@@ -1,0 +1,49 @@
+"""The Prometheus metrics a peer exports on /metrics (names `swarm_*`), in a registry of its own so that several
+peers can live in one process (tests). Documented in dashboards/README.md."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class PeerMetrics:
+    def __init__(self, peer_id: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"registry": self.registry}
+        self.requests = Counter("swarm_requests", "RPCs answered, by RPC and gRPC status", ["rpc", "status"], **labels)
+        self.latency = Histogram(
+            "swarm_request_latency_seconds",
+            "RPC latency (per step for Inference)",
+            ["rpc"],
+            buckets=LATENCY_BUCKETS,
+            **labels,
+        )
+        self.bytes = Counter(
+            "swarm_tensor_bytes", "Tensor bytes, raw (in memory) and on the wire", ["direction", "kind"], **labels
+        )
+        self.queue_length = Gauge("swarm_queue_length", "Tasks waiting for compute", **labels)
+        self.cache_tokens_in_use = Gauge("swarm_cache_tokens_in_use", "KV-cache tokens reserved", **labels)
+        self.cache_tokens_total = Gauge("swarm_cache_tokens_total", "KV-cache pool size in tokens", **labels)
+        self.open_sessions = Gauge("swarm_open_sessions", "Inference sessions open", **labels)
+        self.forward_tokens_per_s = Gauge("swarm_forward_tokens_per_second", "Measured forward throughput", **labels)
+        self.inference_steps_per_s = Gauge("swarm_inference_steps_per_second", "Measured step rate", **labels)
+        self.info = Gauge("swarm_peer_info", "Constant 1, labelled with the peer's identity", ["peer_id"], **labels)
+        self.info.labels(peer_id=peer_id).set(1)
+
+    def tensor(self, direction: str, raw_bytes: int, wire_bytes: int) -> None:
+        self.bytes.labels(direction=direction, kind="raw").inc(raw_bytes)
+        self.bytes.labels(direction=direction, kind="wire").inc(wire_bytes)
+
+    def bind_gauges(self, read: dict[Gauge, Callable[[], float]]) -> None:
+        """Gauges read their value at scrape time from the live objects."""
+        for gauge, function in read.items():
+            gauge.set_function(function)
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve /metrics over HTTP; returns the port (useful with port 0)."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return server.server_port
