@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from peers.backend import SpanBackend
+import torch
+
+from peers.backend import ForwardJob, SpanBackend
 from peers.kv_cache import CachePool
 from peers.metrics import PeerMetrics
 from peers.scheduler import Scheduler, TaskKind
@@ -74,6 +76,17 @@ class PeerServer:
         self._server.start()
         self.service.state = pb.PEER_STATE_ONLINE
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def measure_throughput(self, tokens: int = 64, steps: int = 4) -> None:
+        """Seed the throughput meters before any traffic: routers need a number from the first announcement."""
+        span = self.backend.span
+        hidden = torch.randn(1, tokens, span.cfg.hidden_size, dtype=span.dtype, device=span.device)
+        blocks = range(span.start, span.end)
+        self.scheduler.submit(TaskKind.FORWARD, ForwardJob(hidden, 0, blocks), tokens=tokens).result()
+        cache = span.new_cache(1, steps)
+        for position in range(steps):
+            payload = (cache, hidden[:, :1], position, blocks)
+            self.scheduler.submit(TaskKind.INFERENCE, payload, tokens=1).result()
 
     def drain(self, grace_s: float) -> bool:
         """Refuse new sessions, let in-flight work finish within `grace_s`, then stop. True if all finished."""

@@ -49,3 +49,4 @@ class PeerInfo:
     cache_tokens_free: int = 0
     metrics_address: str = ""  # host:port of its Prometheus /metrics, "" if none
     model: str = ""
+    total_blocks: int = 0  # blocks in the whole model, so readers can tell which are not served

@@ -29,6 +29,7 @@ def to_dht(info: PeerInfo) -> dict[str, Any]:
         "cache_tokens_free": info.cache_tokens_free,
         "metrics_address": info.metrics_address,
         "model": info.model,
+        "total_blocks": info.total_blocks,
     }
 
 
@@ -45,7 +46,7 @@ def from_dht(peer_id: Any, value: Any) -> PeerInfo:
         raise InvalidRecord(f"record of {peer_id!r} has unknown state {value.get('state')!r}") from None
     return PeerInfo(
         peer_id=_text({"peer_id": peer_id}, "peer_id", required=True),
-        address=_text(value, "address", required=True),
+        address=_text(value, "address", required=state in (PeerState.ONLINE, PeerState.DRAINING)),
         span=Span(start, end),
         state=state,
         forward_tokens_per_s=_rate(value, "forward_tokens_per_s"),
@@ -54,6 +55,7 @@ def from_dht(peer_id: Any, value: Any) -> PeerInfo:
         cache_tokens_free=_int(value, "cache_tokens_free", 0, 1 << 62),
         metrics_address=_text(value, "metrics_address"),
         model=_text(value, "model"),
+        total_blocks=_int({"total_blocks": value.get("total_blocks", 0)}, "total_blocks", 0, MAX_BLOCKS),
     )
 
 

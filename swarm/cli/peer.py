@@ -1,0 +1,73 @@
+"""`swarm peer join`: run a peer daemon that serves a span of blocks from a Ray actor until SIGTERM.
+
+Run: `swarm peer join --model .cache/models/smollm2-135m --initial-peers ADDRESS --num-blocks 15`, with ADDRESS
+the multiaddress `swarm up` printed (/ip4/127.0.0.1/tcp/PORT/p2p/ID).
+SIGTERM (a preemption notice) drains: the peer announces OFFLINE, refuses new sessions, finishes in-flight work
+within --drain-grace seconds, and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from swarm.cli._daemon import wait_for_stop_signal
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    peer = subparsers.add_parser("peer", help="run a peer daemon").add_subparsers(dest="peer_command", required=True)
+    join = peer.add_parser("join", help="join a swarm and serve blocks until SIGTERM")
+    add_peer_flags(join)
+    join.add_argument("--ray-address", default=None, help="Ray cluster to run on (default: start a local one)")
+    join.set_defaults(run=run_join)
+
+
+def add_peer_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
+    parser.add_argument("--initial-peers", nargs="*", default=[], help="DHT multiaddresses to join through")
+    parser.add_argument("--model-name", default="", help="name in the registry (default: the directory's name)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--blocks", default=None, help="serve blocks START:END")
+    group.add_argument("--num-blocks", type=int, default=None, help="serve this many of the least-served blocks")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve and announce")
+    parser.add_argument("--port", type=int, default=0, help="gRPC port (default: any free port)")
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (default: any free port)")
+    parser.add_argument("--cache-tokens", type=int, default=65536, help="KV-cache pool size in tokens")
+    parser.add_argument("--ttl", type=float, default=30.0, help="seconds a record lives without a refresh")
+    parser.add_argument("--announce-period", type=float, default=None, help="refresh period (default: ttl / 3)")
+    parser.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight work gets on SIGTERM")
+
+
+def run_join(ns: argparse.Namespace) -> int:
+    from peers.config import PeerConfig
+    from peers.launch import connect_ray, drain, spawn_peer, wait_ready
+
+    config = PeerConfig.from_args(ns)
+    connect_ray(ns.ray_address)
+    actor = spawn_peer(config)
+    info = wait_ready(actor, timeout_s=600)
+    start, end = info["span"]
+    print(f"peer {info['peer_id']} serving blocks [{start}, {end}) of {config.name} at {info['address']}", flush=True)
+    print(f"metrics at http://{info['metrics_address']}/metrics; stage actor pid {info['pid']}", flush=True)
+    stopped = wait_for_stop_signal(lambda: _alive(actor))
+    if not stopped:
+        print("the stage actor died and Ray gave up restarting it", file=sys.stderr)
+        return 1
+    finished = drain([actor], timeout_s=config.drain_grace_s + 30)
+    print(f"peer {info['peer_id']} drained ({'all work finished' if finished else 'grace period ran out'})")
+    return 0
+
+
+def _alive(actor: object) -> bool:
+    import ray
+
+    try:
+        ray.get(actor.info.remote(), timeout=60)  # type: ignore[attr-defined]
+        return True
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return True  # busy, or being restarted by Ray

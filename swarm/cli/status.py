@@ -1,0 +1,69 @@
+"""`swarm status --initial-peers ADDR [--model NAME]`: the peers of a swarm, their spans, states, throughput, and
+which blocks are covered, read from the DHT."""
+
+from __future__ import annotations
+
+import argparse
+
+from swarm.types import PeerInfo, PeerState
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("status", help="show the peers and block coverage of a swarm")
+    parser.add_argument("--initial-peers", nargs="+", required=True, help="DHT multiaddresses to join through")
+    parser.add_argument("--model", default=None, help="model name (default: every model the swarm serves)")
+    parser.set_defaults(run=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    from swarm.registry import Registry
+
+    registry = Registry(ns.initial_peers, client_mode=True)
+    try:
+        models = [ns.model] if ns.model else registry.models()
+        if not models:
+            print("no model is announced in this swarm")
+            return 1
+        for model in models:
+            print(render(model, registry.peers(model)))
+    finally:
+        registry.shutdown()
+    return 0
+
+
+def render(model: str, peers: list[PeerInfo]) -> str:
+    """The status table and the coverage line for one model."""
+    lines = [f"model {model}: {len(peers)} peer(s)"]
+    header = f"{'peer':<17} {'address':<22} {'blocks':<10} {'state':<9} {'fwd tok/s':>10} {'steps/s':>8} "
+    lines.append(header + f"{'queue':>6} {'cache free':>11}")
+    for p in peers:
+        lines.append(
+            f"{p.peer_id:<17} {p.address or '-':<22} {p.span!s:<10} {p.state.value:<9} "
+            f"{p.forward_tokens_per_s:>10.1f} {p.inference_steps_per_s:>8.1f} {p.queue_length:>6} "
+            f"{p.cache_tokens_free:>11}"
+        )
+    lines.append(coverage(peers))
+    return "\n".join(lines)
+
+
+def coverage(peers: list[PeerInfo]) -> str:
+    total = max([p.total_blocks for p in peers] + [p.span.end for p in peers] + [0])
+    online = [0] * total
+    for peer in peers:
+        if peer.state is PeerState.ONLINE:
+            for block in range(peer.span.start, min(peer.span.end, total)):
+                online[block] += 1
+    missing = [block for block, count in enumerate(online) if count == 0]
+    counts = ",".join(str(c) for c in online)
+    if not missing:
+        return f"coverage: all {total} blocks served (ONLINE peers per block: {counts})"
+    return f"coverage: blocks {_ranges(missing)} have no ONLINE peer (per block: {counts})"
+
+
+def _ranges(blocks: list[int]) -> str:
+    runs, start = [], blocks[0]
+    for previous, block in zip(blocks, [*blocks[1:], None], strict=False):
+        if block != previous + 1:
+            runs.append(f"{start}" if start == previous else f"{start}-{previous}")
+            start = block
+    return ", ".join(runs)
