@@ -10,9 +10,8 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
 import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from peers.backend import ForwardJob, SpanBackend
 from peers.kv_cache import CachePool
