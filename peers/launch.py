@@ -8,6 +8,7 @@ from typing import Any
 
 from peers.actor import StagePeer
 from peers.config import PeerConfig
+from swarm.types import Span
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def connect_ray(address: str | None) -> None:
         ray.init(address=address, **common)
 
 
-def spawn_peer(config: PeerConfig, max_restarts: int = 3) -> Any:
+def spawn_peer(config: PeerConfig, peer_id: str, span: Span, max_restarts: int = 3) -> Any:
     """Create a stage actor; Ray restarts it (re-running __init__, which re-announces) up to `max_restarts` times.
 
     It asks Ray for a GPU when the peer computes on CUDA and for no CPU otherwise: a peer is a long-lived
@@ -44,7 +45,7 @@ def spawn_peer(config: PeerConfig, max_restarts: int = 3) -> Any:
         "max_restarts": max_restarts,
         "max_concurrency": 4,  # info and drain must run while a slow call is in progress
     }
-    return ray.remote(StagePeer).options(**options).remote(config)
+    return ray.remote(StagePeer).options(**options).remote(config, peer_id, span)
 
 
 def wait_ready(actor: Any, timeout_s: float) -> dict:
@@ -52,18 +53,3 @@ def wait_ready(actor: Any, timeout_s: float) -> dict:
     import ray
 
     return ray.get(actor.info.remote(), timeout=timeout_s)
-
-
-def drain(actors: list[Any], timeout_s: float) -> bool:
-    """Drain every actor (concurrently) and kill it; True if all finished their work in time."""
-    import ray
-
-    pending = [actor.drain.remote() for actor in actors]
-    try:
-        finished = all(ray.get(pending, timeout=timeout_s))
-    except (ray.exceptions.RayError, TimeoutError):
-        logger.exception("drain did not complete")
-        finished = False
-    for actor in actors:
-        ray.kill(actor, no_restart=True)
-    return finished

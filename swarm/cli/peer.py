@@ -43,31 +43,27 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
 
 def run_join(ns: argparse.Namespace) -> int:
     from peers.config import PeerConfig
-    from peers.launch import connect_ray, drain, spawn_peer, wait_ready
+    from peers.daemon import PeerDaemon, drain
+    from peers.launch import connect_ray
+    from swarm.registry import Registry
 
     config = PeerConfig.from_args(ns)
     connect_ray(ns.ray_address)
-    actor = spawn_peer(config)
-    info = wait_ready(actor, timeout_s=600)
-    start, end = info["span"]
-    print(f"peer {info['peer_id']} serving blocks [{start}, {end}) of {config.name} at {info['address']}", flush=True)
-    print(f"metrics at http://{info['metrics_address']}/metrics; stage actor pid {info['pid']}", flush=True)
-    stopped = wait_for_stop_signal(lambda: _alive(actor))
-    if not stopped:
-        print("the stage actor died and Ray gave up restarting it", file=sys.stderr)
-        return 1
-    finished = drain([actor], timeout_s=config.drain_grace_s + 30)
-    print(f"peer {info['peer_id']} drained ({'all work finished' if finished else 'grace period ran out'})")
-    return 0
-
-
-def _alive(actor: object) -> bool:
-    import ray
-
+    registry = Registry(config.initial_peers, host=config.host)
     try:
-        ray.get(actor.info.remote(), timeout=60)  # type: ignore[attr-defined]
-        return True
-    except ray.exceptions.RayActorError:
-        return False
-    except ray.exceptions.GetTimeoutError:
-        return True  # busy, or being restarted by Ray
+        daemon = PeerDaemon(config, registry)
+        daemon.launch()
+        info = daemon.wait_serving()
+        start, end = info["span"]
+        print(
+            f"peer {info['peer_id']} serving blocks [{start}, {end}) of {config.name} at {info['address']}", flush=True
+        )
+        print(f"metrics at http://{info['metrics_address']}/metrics; stage actor pid {info['pid']}", flush=True)
+        if not wait_for_stop_signal(daemon.alive):
+            print("the stage actor died and Ray gave up restarting it", file=sys.stderr)
+            return 1
+        finished = drain([daemon], timeout_s=config.drain_grace_s + 30)
+        print(f"peer {info['peer_id']} drained ({'all work finished' if finished else 'grace period ran out'})")
+        return 0
+    finally:
+        registry.shutdown()

@@ -27,8 +27,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    import ray
+
     from peers.config import PeerConfig
-    from peers.launch import connect_ray, drain, spawn_peer, wait_ready
+    from peers.daemon import PeerDaemon, drain
+    from peers.launch import connect_ray
     from peers.server import ServerConfig
     from swarm.partition import open_checkpoint
     from swarm.registry import Registry
@@ -47,17 +50,22 @@ def run(ns: argparse.Namespace) -> int:
         server=ServerConfig(cache_tokens=ns.cache_tokens),
     )
     bounds = [round(i * num_blocks / ns.peers) for i in range(ns.peers + 1)]
-    actors = [spawn_peer(dataclasses.replace(base, blocks=(a, b))) for a, b in itertools.pairwise(bounds)]
-    for actor in actors:
-        info = wait_ready(actor, timeout_s=600)
-        print(f"peer {info['peer_id']} blocks [{info['span'][0]}, {info['span'][1]}) at {info['address']}", flush=True)
-    import ray
-
-    print(f"ray address: {ray.get_runtime_context().gcs_address}", flush=True)
-    print(f"initial peers: {initial_peers[0]}", flush=True)
-    print(f"try: swarm status --initial-peers {initial_peers[0]}", flush=True)
-    stopped = wait_for_stop_signal(lambda: True)
-    finished = drain(actors, timeout_s=base.drain_grace_s + 30)
-    bootstrap.shutdown()
+    daemons = [PeerDaemon(dataclasses.replace(base, blocks=span), bootstrap) for span in itertools.pairwise(bounds)]
+    try:
+        for daemon in daemons:
+            daemon.launch()
+        for daemon in daemons:
+            info = daemon.wait_serving()
+            print(
+                f"peer {info['peer_id']} blocks [{info['span'][0]}, {info['span'][1]}) at {info['address']}",
+                flush=True,
+            )
+        print(f"ray address: {ray.get_runtime_context().gcs_address}", flush=True)
+        print(f"initial peers: {initial_peers[0]}", flush=True)
+        print(f"try: swarm status --initial-peers {initial_peers[0]}", flush=True)
+        stopped = wait_for_stop_signal(lambda: all(daemon.alive() for daemon in daemons))
+        finished = drain(daemons, timeout_s=base.drain_grace_s + 30)
+    finally:
+        bootstrap.shutdown()
     print(f"swarm stopped ({'all work finished' if finished else 'some work was cut off'})", flush=True)
     return 0 if stopped else 1

@@ -1,0 +1,73 @@
+"""Run `swarm` commands as real processes: read their output as it comes, signal them, and always clean up."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENV = {
+    **os.environ,
+    "RAY_AUTH_MODE": "disabled",  # DESIGN.md: set explicitly, or Ray writes ~/.ray/auth_token
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keep Ray on 127.0.0.1
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class Daemon:
+    """A `python -m swarm ...` process in its own session, so that everything it starts can be killed with it."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "swarm", *args],
+            cwd=REPO_ROOT,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:  # type: ignore[union-attr]
+            self.output.append(line)
+            self.lines.put(line)
+
+    def wait_for(self, pattern: str, timeout_s: float) -> re.Match:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+                continue
+            match = re.search(pattern, line)
+            if match:
+                return match
+        raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(self.output)[-4000:]}")
+
+    def terminate(self, timeout_s: float) -> int:
+        """SIGTERM the command itself (as a preemption notice would) and wait for its exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (Ray and DHT children included)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)

@@ -1,0 +1,218 @@
+"""`swarm up`, `swarm status` and `swarm peer join` as a user runs them: real Ray actors, a real DHT, real gRPC,
+the SmolLM2 checkpoint. One `swarm up` for the module; extra peers join its Ray cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from swarm._proto import swarm_pb2 as pb
+from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.codec import CodecId, decode, encode
+from swarm.partition import load_span
+from swarm.registry import Registry
+from swarm.types import PeerState
+
+from ..daemons import ENV, REPO_ROOT, Daemon
+
+TTL = 6.0
+V = pb.PROTOCOL_VERSION_CURRENT
+
+
+class Swarm:
+    def __init__(self, daemon: Daemon, initial_peers: str, ray_address: str) -> None:
+        self.daemon, self.initial_peers, self.ray_address = daemon, initial_peers, ray_address
+        self.registry = Registry([initial_peers], client_mode=True)
+
+    def peers(self, **filters):
+        return [p for p in self.registry.peers("smollm2-135m") if all(getattr(p, k) == v for k, v in filters.items())]
+
+    def wait_until(self, condition, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            result = condition()
+            if result:
+                return result
+            time.sleep(0.5)
+        raise AssertionError(f"condition not met in {timeout_s} s; peers: {self.peers()}")
+
+
+@pytest.fixture(scope="module")
+def swarm(smollm2_path: Path) -> Iterator[Swarm]:
+    daemon = Daemon("up", "--peers", "2", "--model", str(smollm2_path), "--ttl", str(TTL))
+    try:
+        ray_address = daemon.wait_for(r"ray address: (\S+)", 240).group(1)
+        initial_peers = daemon.wait_for(r"initial peers: (\S+)", 240).group(1)
+        swarm = Swarm(daemon, initial_peers, ray_address)
+        yield swarm
+        swarm.registry.shutdown()
+        assert daemon.terminate(timeout_s=90) == 0
+    finally:
+        daemon.kill()
+
+
+def join(swarm: Swarm, smollm2_path: Path, *flags: str) -> Daemon:
+    return Daemon(
+        "peer",
+        "join",
+        "--model",
+        str(smollm2_path),
+        "--initial-peers",
+        swarm.initial_peers,
+        "--ray-address",
+        swarm.ray_address,
+        "--ttl",
+        str(TTL),
+        *flags,
+    )
+
+
+def test_status_shows_peers_spans_states_and_coverage(swarm: Swarm) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "swarm", "status", "--initial-peers", swarm.initial_peers],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    assert "model smollm2-135m: 2 peer(s)" in result.stdout
+    assert "[0, 15)" in result.stdout and "[15, 30)" in result.stdout
+    assert result.stdout.count(" ONLINE ") == 2
+    assert "coverage: all 30 blocks served" in result.stdout
+
+
+def test_announced_peers_serve_the_model_and_their_throughput(swarm: Swarm, smollm2_path: Path) -> None:
+    peers = swarm.peers(state=PeerState.ONLINE)
+    assert [(p.span.start, p.span.end) for p in peers] == [(0, 15), (15, 30)]
+    assert all(p.forward_tokens_per_s > 0 and p.inference_steps_per_s > 0 for p in peers)
+    hidden = torch.randn(1, 5, 576)
+    remote = hidden
+    for peer in peers:
+        with grpc.insecure_channel(peer.address) as channel:
+            request = pb.ForwardRequest(
+                protocol_version=V,
+                start_block=peer.span.start,
+                end_block=peer.span.end,
+                hidden_states=encode(remote, CodecId.NONE),
+            )
+            remote = decode(pb_grpc.PeerStub(channel).Forward(request, timeout=60).hidden_states)
+    with torch.inference_mode():
+        local = load_span(smollm2_path, 15, 30)(load_span(smollm2_path, 0, 15)(hidden))
+    assert (remote - local).abs().max() <= 1e-4
+
+
+def test_each_peer_serves_prometheus_metrics(swarm: Swarm) -> None:
+    peer = swarm.peers(state=PeerState.ONLINE)[0]
+    with grpc.insecure_channel(peer.address) as channel:
+        pb_grpc.PeerStub(channel).Info(pb.InfoRequest(), timeout=10)
+    text = urllib.request.urlopen(f"http://{peer.metrics_address}/metrics", timeout=10).read().decode()
+    for name in (
+        'swarm_requests_total{rpc="Info",status="OK"}',
+        "swarm_request_latency_seconds_bucket",
+        'swarm_tensor_bytes_total{direction="in",kind="wire"}',
+        "swarm_queue_length",
+        "swarm_cache_tokens_in_use",
+        "swarm_open_sessions",
+        "swarm_forward_tokens_per_second",
+    ):
+        assert name in text, name
+
+
+def test_sigterm_drains_an_open_session_and_exits_0(swarm: Swarm, smollm2_path: Path) -> None:
+    daemon = join(swarm, smollm2_path, "--blocks", "0:4", "--drain-grace", "20")
+    try:
+        address = daemon.wait_for(r"serving blocks \[0, 4\) of smollm2-135m at (\S+)", 240).group(1)
+        peer_id = swarm.wait_until(
+            lambda: [p.peer_id for p in swarm.peers(address=address, state=PeerState.ONLINE)], 30
+        )[0]
+        outgoing: list = [
+            pb.InferenceRequest(
+                open=pb.InferenceOpen(
+                    protocol_version=V,
+                    session_id=uuid.uuid4().hex,
+                    start_block=0,
+                    end_block=4,
+                    batch_size=1,
+                    max_length=8,
+                )
+            ),
+        ]
+        import queue as queue_module
+
+        requests: queue_module.Queue = queue_module.Queue()
+        for item in outgoing:
+            requests.put(item)
+        with grpc.insecure_channel(address) as channel:
+            responses = pb_grpc.PeerStub(channel).Inference(iter(requests.get, None), timeout=120)
+            requests.put(
+                pb.InferenceRequest(
+                    step=pb.InferenceStep(
+                        step_id=0, position=0, hidden_states=encode(torch.randn(1, 2, 576), CodecId.NONE)
+                    )
+                )
+            )
+            assert next(responses).position == 2
+            daemon.process.send_signal(signal.SIGTERM)  # preemption notice while the session is open
+            swarm.wait_until(lambda: swarm.peers(peer_id=peer_id, state=PeerState.OFFLINE), 30)
+            requests.put(
+                pb.InferenceRequest(
+                    step=pb.InferenceStep(
+                        step_id=1, position=2, hidden_states=encode(torch.randn(1, 1, 576), CodecId.NONE)
+                    )
+                )
+            )
+            assert next(responses).position == 3  # the in-flight session still completes its step
+            requests.put(None)
+            assert list(responses) == []
+        assert daemon.process.wait(60) == 0
+        assert "drained (all work finished)" in "".join(daemon.output)
+        swarm.wait_until(lambda: not swarm.peers(peer_id=peer_id), TTL + 15)  # gone from the registry
+    finally:
+        daemon.kill()
+
+
+def test_a_killed_peer_disappears_within_the_ttl(swarm: Swarm, smollm2_path: Path) -> None:
+    daemon = join(swarm, smollm2_path, "--num-blocks", "3")
+    try:
+        address = daemon.wait_for(r"at (127\.0\.0\.1:\d+)", 240).group(1)
+        swarm.wait_until(lambda: swarm.peers(address=address, state=PeerState.ONLINE), 30)
+        daemon.kill()  # SIGKILL: the daemon, and with it its Ray actor, vanish without a word
+        killed_at = time.monotonic()
+        swarm.wait_until(lambda: not swarm.peers(address=address), TTL + 20)
+        assert time.monotonic() - killed_at <= TTL + 20
+    finally:
+        daemon.kill()
+
+
+def test_ray_restarts_a_crashed_stage_actor_which_announces_again(swarm: Swarm, smollm2_path: Path) -> None:
+    daemon = join(swarm, smollm2_path, "--blocks", "20:24")
+    try:
+        address = daemon.wait_for(r"serving blocks \[20, 24\) of smollm2-135m at (\S+)", 240).group(1)
+        pid = int(daemon.wait_for(r"stage actor pid (\d+)", 10).group(1))
+        first = swarm.wait_until(lambda: swarm.peers(address=address, state=PeerState.ONLINE), 30)[0]
+        os.kill(pid, signal.SIGKILL)  # the actor's worker process crashes; the daemon lives on
+
+        def restarted() -> list:
+            return [p for p in swarm.peers(peer_id=first.peer_id, state=PeerState.ONLINE) if p.address != address]
+
+        again = swarm.wait_until(restarted, 120)[0]
+        assert (again.span.start, again.span.end) == (20, 24)
+        with grpc.insecure_channel(again.address) as channel:
+            assert pb_grpc.PeerStub(channel).Health(pb.HealthRequest(), timeout=30).state == pb.PEER_STATE_ONLINE
+        assert daemon.process.poll() is None
+        assert daemon.terminate(timeout_s=90) == 0
+    finally:
+        daemon.kill()
