@@ -63,6 +63,12 @@ def _answers_errors(method: Callable) -> Callable:
             started = time.perf_counter()
             try:
                 yield from method(self, request, context)
+            except grpc.RpcError:
+                if context.is_active():
+                    raise
+                logger.info("peer=%s rpc=%s the client went away", self.config.peer_id, rpc)
+                self.metrics.requests.labels(rpc=rpc, status="CANCELLED").inc()
+                return
             except Exception as error:
                 abort(self, context, error)
             succeeded(self, started)

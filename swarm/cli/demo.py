@@ -1,8 +1,9 @@
-"""`swarm demo --model DIR`: partition a real model into three spans and generate through them.
+"""`swarm demo --model DIR`: the model cut into spans, then served by a local swarm, generating the same text.
 
 Run: `make demo` (converts the test model first), or `python -m swarm demo --model .cache/models/smollm2-135m`.
-Hidden states cross every span boundary through the default 8-bit codec, as they will between peers; the
-result is checked against Hugging Face `generate` on the whole model.
+Part 1 chains three spans in this process; part 2 starts `swarm up`'s embedded swarm (local Ray, a DHT, two
+peers) and generates through it over gRPC. Hidden states cross every boundary through the default 8-bit codec,
+and both results are compared with Hugging Face `generate` on the whole model.
 """
 
 from __future__ import annotations
@@ -10,21 +11,24 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from swarm.codec import DEFAULT_CODEC, decode, encode
-from swarm.partition import BlockSpan, ClientHead, load_client_head, load_span, open_checkpoint
+from swarm.partition import ClientHead, load_client_head, load_span, open_checkpoint
 from swarm.partition.gguf import ensure_test_model
 
 DEFAULT_MODEL = Path(".cache/models/smollm2-135m")
+Step = Callable[[torch.Tensor, int], torch.Tensor]  # (hidden of new tokens, position) -> last block's output
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="generate through a model partitioned into spans")
+    parser = subparsers.add_parser("demo", help="generate through a model cut into spans, then through a swarm")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="checkpoint directory")
     parser.add_argument("--spans", type=int, default=3, help="number of spans to cut the blocks into")
+    parser.add_argument("--swarm-peers", type=int, default=2, help="peers of the local swarm (0: skip part 2)")
     parser.add_argument("--prompt", default="The three laws of thermodynamics state that")
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.set_defaults(run=run)
@@ -33,56 +37,80 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(ns: argparse.Namespace) -> int:
     if ns.model == DEFAULT_MODEL:
         ensure_test_model(ns.model)
-    _, _, cfg = open_checkpoint(ns.model)
-    bounds = [round(i * cfg.num_layers / ns.spans) for i in range(ns.spans + 1)]
-    head = load_client_head(ns.model)
-    spans = [load_span(ns.model, start, end) for start, end in itertools.pairwise(bounds)]
-    total = head.parameter_bytes() + sum(s.parameter_bytes() for s in spans)
-    print(f"model {ns.model}: {cfg.num_layers} blocks, hidden {cfg.hidden_size}, {total / 2**20:.0f} MiB of weights")
-    print(f"  client head: {head.parameter_bytes() / 2**20:.0f} MiB ({head.parameter_bytes() / total:.0%})")
-    for span in spans:
-        share = span.parameter_bytes() / total
-        print(f"  span [{span.start:2d}, {span.end:2d}): {span.parameter_bytes() / 2**20:.0f} MiB ({share:.0%})")
-
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
     input_ids = tokenizer(ns.prompt, return_tensors="pt").input_ids
-    started = time.perf_counter()
-    tokens, wire_bytes, raw_bytes = _generate(head, spans, input_ids, ns.new_tokens)
-    elapsed = time.perf_counter() - started
     reference = AutoModelForCausalLM.from_pretrained(str(ns.model), dtype=torch.float32).eval()
     with torch.inference_mode():
         expected = reference.generate(input_ids, max_new_tokens=ns.new_tokens, do_sample=False)[
             0, input_ids.shape[1] :
         ]
-    same = sum(int(a == b) for a, b in zip(tokens, expected.tolist(), strict=False))
+    head = load_client_head(ns.model)
     print(f"prompt: {ns.prompt!r}")
-    print(f"through {len(spans)} spans: {tokenizer.decode(tokens)!r}")
-    print(f"tokens equal to Hugging Face generate on the whole model: {same}/{len(tokens)}")
-    print(
-        f"{len(tokens) / elapsed:.1f} tokens/s; hidden states on the wire ({DEFAULT_CODEC.name}): "
-        f"{wire_bytes} bytes for {raw_bytes} fp32 bytes ({wire_bytes / raw_bytes:.3f})"
-    )
+    print("\n-- part 1: the model cut into spans, in this process --")
+    _report(tokenizer, expected.tolist(), *_generate(head, _local_spans(ns.model, ns.spans), input_ids, ns.new_tokens))
+    if ns.swarm_peers:
+        print(f"\n-- part 2: a local swarm of {ns.swarm_peers} peers (Ray actors, DHT, gRPC) --")
+        _through_swarm(ns, head, input_ids, tokenizer, expected.tolist())
     return 0
 
 
-@torch.inference_mode()
-def _generate(
-    head: ClientHead, spans: list[BlockSpan], input_ids: torch.Tensor, new_tokens: int
-) -> tuple[list[int], int, int]:
-    """Greedy decoding with one KV cache per span; returns (tokens, bytes on the wire, fp32 bytes)."""
-    caches = [span.new_cache(input_ids.shape[0], input_ids.shape[1] + new_tokens) for span in spans]
-    step_ids, position, tokens, wire, raw = input_ids, 0, [], 0, 0
-    for _ in range(new_tokens):
-        hidden = head.embed(step_ids)
+def _local_spans(model: Path, count: int) -> Step:
+    num_layers = open_checkpoint(model)[2].num_layers
+    bounds = [round(i * num_layers / count) for i in range(count + 1)]
+    spans = [load_span(model, start, end) for start, end in itertools.pairwise(bounds)]
+    total = sum(span.parameter_bytes() for span in spans)
+    for span in spans:
+        print(
+            f"  span [{span.start:2d}, {span.end:2d}): {span.parameter_bytes() / 2**20:.0f} MiB of {total / 2**20:.0f}"
+        )
+    caches: list = []
+
+    def step(hidden: torch.Tensor, position: int) -> torch.Tensor:
+        if not caches:
+            caches.extend(span.new_cache(hidden.shape[0], 512) for span in spans)
         for span, cache in zip(spans, caches, strict=True):
-            hidden = span(hidden, position=position, cache=cache)
-            message = encode(hidden, DEFAULT_CODEC)
-            wire, raw = wire + message.ByteSize(), raw + hidden.numel() * 4
-            hidden = decode(message)
+            hidden = decode(encode(span(hidden, position=position, cache=cache), DEFAULT_CODEC))
+        return hidden
+
+    return step
+
+
+def _through_swarm(ns: argparse.Namespace, head: ClientHead, input_ids: torch.Tensor, tokenizer, expected) -> None:
+    from peers.local_swarm import LocalSwarm
+    from swarm.cli.status import render
+    from swarm.client import ChainSession, Hop
+    from swarm.types import Span
+
+    swarm = LocalSwarm(ns.model, ns.swarm_peers)
+    try:
+        infos = swarm.start()
+        time.sleep(0.5)  # let the ONLINE announcements land before reading the registry
+        print(render(swarm.config.name, swarm.bootstrap.peers(swarm.config.name)))
+        hops = [Hop(info["address"], Span(*info["span"])) for info in infos]
+        with ChainSession(hops, batch_size=1, max_length=512, codec=DEFAULT_CODEC) as chain:
+            _report(tokenizer, expected, *_generate(head, lambda h, _: chain.step(h), input_ids, ns.new_tokens))
+    finally:
+        swarm.stop()
+
+
+@torch.inference_mode()
+def _generate(head: ClientHead, step: Step, input_ids: torch.Tensor, new_tokens: int) -> tuple[list[int], float]:
+    """Greedy decoding: prefill, then one token at a time. Returns (tokens, seconds)."""
+    started = time.perf_counter()
+    step_ids, position, tokens = input_ids, 0, []
+    for _ in range(new_tokens):
+        hidden = step(head.embed(step_ids), position)
         position += step_ids.shape[1]
         next_id = int(head.logits(hidden[:, -1:]).argmax(-1))
         tokens.append(next_id)
         step_ids = torch.tensor([[next_id]])
-    return tokens, wire, raw
+    return tokens, time.perf_counter() - started
+
+
+def _report(tokenizer, expected: list[int], tokens: list[int], seconds: float) -> None:
+    same = sum(int(a == b) for a, b in zip(tokens, expected, strict=False))
+    print(f"  generated: {tokenizer.decode(tokens)!r}")
+    print(f"  tokens equal to Hugging Face generate on the whole model: {same}/{len(tokens)}")
+    print(f"  {len(tokens) / seconds:.1f} tokens/s, hidden states on the wire with {DEFAULT_CODEC.name}")

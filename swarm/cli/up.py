@@ -9,8 +9,6 @@ then prints the address clients and other peers pass as --initial-peers. Run:
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import itertools
 from pathlib import Path
 
 from swarm.cli._daemon import wait_for_stop_signal
@@ -27,45 +25,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    import ray
+    from peers.local_swarm import LocalSwarm
 
-    from peers.config import PeerConfig
-    from peers.daemon import PeerDaemon, drain
-    from peers.launch import connect_ray
-    from peers.server import ServerConfig
-    from swarm.partition import open_checkpoint
-    from swarm.registry import Registry
-
-    num_blocks = open_checkpoint(ns.model)[2].num_layers
-    if not 1 <= ns.peers <= num_blocks:
-        raise SystemExit(f"swarm up: --peers must be between 1 and {num_blocks}")
-    connect_ray(None)
-    bootstrap = Registry(port=ns.dht_port)
-    initial_peers = tuple(bootstrap.addresses)
-    base = PeerConfig(
-        model_path=str(ns.model),
-        initial_peers=initial_peers,
-        ttl_s=ns.ttl,
-        announce_period_s=ns.ttl / 3,
-        server=ServerConfig(cache_tokens=ns.cache_tokens),
-    )
-    bounds = [round(i * num_blocks / ns.peers) for i in range(ns.peers + 1)]
-    daemons = [PeerDaemon(dataclasses.replace(base, blocks=span), bootstrap) for span in itertools.pairwise(bounds)]
+    swarm = LocalSwarm(ns.model, ns.peers, ttl_s=ns.ttl, cache_tokens=ns.cache_tokens, dht_port=ns.dht_port)
     try:
-        for daemon in daemons:
-            daemon.launch()
-        for daemon in daemons:
-            info = daemon.wait_serving()
-            print(
-                f"peer {info['peer_id']} blocks [{info['span'][0]}, {info['span'][1]}) at {info['address']}",
-                flush=True,
-            )
-        print(f"ray address: {ray.get_runtime_context().gcs_address}", flush=True)
-        print(f"initial peers: {initial_peers[0]}", flush=True)
-        print(f"try: swarm status --initial-peers {initial_peers[0]}", flush=True)
-        stopped = wait_for_stop_signal(lambda: all(daemon.alive() for daemon in daemons))
-        finished = drain(daemons, timeout_s=base.drain_grace_s + 30)
+        for info in swarm.start():
+            start, end = info["span"]
+            print(f"peer {info['peer_id']} blocks [{start}, {end}) at {info['address']}", flush=True)
+        print(f"ray address: {swarm.ray_address}", flush=True)
+        print(f"initial peers: {swarm.initial_peers[0]}", flush=True)
+        print(f"try: swarm status --initial-peers {swarm.initial_peers[0]}", flush=True)
+        stopped = wait_for_stop_signal(swarm.alive)
     finally:
-        bootstrap.shutdown()
+        finished = swarm.stop()
     print(f"swarm stopped ({'all work finished' if finished else 'some work was cut off'})", flush=True)
     return 0 if stopped else 1

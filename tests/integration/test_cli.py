@@ -6,20 +6,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from .daemons import ENV, REPO_ROOT
 
 
-def test_demo_generates_the_same_tokens_as_hugging_face(smollm2_path: Path) -> None:
+def test_demo_generates_the_same_tokens_as_hugging_face_locally_and_through_a_swarm(smollm2_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "swarm", "demo", "--model", str(smollm2_path), "--new-tokens", "12"],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=400,
         cwd=REPO_ROOT,
+        env=ENV,
         check=True,
     )
     assert "span [ 0, 10)" in result.stdout and "span [20, 30)" in result.stdout
-    assert "tokens equal to Hugging Face generate on the whole model: 12/12" in result.stdout
+    assert "coverage: all 30 blocks served" in result.stdout
+    assert result.stdout.count("tokens equal to Hugging Face generate on the whole model: 12/12") == 2
 
 
 def test_help_lists_the_commands() -> None:

@@ -1,0 +1,61 @@
+"""The embedded default: a local Ray bound to 127.0.0.1, a DHT bootstrap node and N peers covering the model.
+Used by `swarm up` and `swarm demo`."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+from peers.config import PeerConfig
+from peers.daemon import PeerDaemon, drain
+from peers.launch import connect_ray
+from peers.server import ServerConfig
+from swarm.partition import open_checkpoint
+from swarm.registry import Registry
+
+
+class LocalSwarm:
+    def __init__(
+        self, model_path: str | Path, num_peers: int, ttl_s: float = 30.0, cache_tokens: int = 65536, dht_port: int = 0
+    ) -> None:
+        num_blocks = open_checkpoint(model_path)[2].num_layers
+        if not 1 <= num_peers <= num_blocks:
+            raise ValueError(f"the number of peers must be between 1 and {num_blocks}, got {num_peers}")
+        connect_ray(None)
+        self.bootstrap = Registry(port=dht_port)
+        self.initial_peers = tuple(self.bootstrap.addresses)
+        self.config = PeerConfig(
+            model_path=str(model_path),
+            initial_peers=self.initial_peers,
+            ttl_s=ttl_s,
+            announce_period_s=ttl_s / 3,
+            server=ServerConfig(cache_tokens=cache_tokens),
+        )
+        bounds = [round(i * num_blocks / num_peers) for i in range(num_peers + 1)]
+        self.daemons = [
+            PeerDaemon(dataclasses.replace(self.config, blocks=span), self.bootstrap)
+            for span in itertools.pairwise(bounds)
+        ]
+
+    @property
+    def ray_address(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().gcs_address
+
+    def start(self) -> list[dict]:
+        """Start every peer (loading in parallel) and wait until all serve; returns their infos."""
+        for daemon in self.daemons:
+            daemon.launch()
+        return [daemon.wait_serving() for daemon in self.daemons]
+
+    def alive(self) -> bool:
+        return all(daemon.alive() for daemon in self.daemons)
+
+    def stop(self) -> bool:
+        """Drain every peer and shut the DHT node down; True if all in-flight work finished."""
+        try:
+            return drain(self.daemons, timeout_s=self.config.drain_grace_s + 30)
+        finally:
+            self.bootstrap.shutdown()
