@@ -1,5 +1,16 @@
-"""The peer daemon: hosts a span of blocks in a Ray actor and serves it over gRPC (see DESIGN.md, issue 3).
+"""The peer daemon: hosts a span of blocks in a Ray actor, serves it over gRPC, announces it in the DHT.
 
-Its building blocks live in `swarm` today: `swarm.partition` builds the span a peer serves, `swarm.codec` encodes
-what it sends, and `proto/swarm.proto` defines the service it will implement.
+config.py: PeerConfig; daemon.py: PeerDaemon (DHT membership, drain); actor.py: StagePeer (the Ray actor);
+server.py: PeerServer (gRPC server + health); service.py: the Peer servicer; scheduler.py: what runs next;
+backend.py: the blocks on tensors; kv_cache.py: the session cache pool; metrics.py: Prometheus;
+placement.py: which blocks to take; launch.py: Ray; local_swarm.py: the embedded default (`swarm up`).
 """
+
+from __future__ import annotations
+
+from peers.config import PeerConfig
+from peers.daemon import PeerDaemon
+from peers.local_swarm import LocalSwarm
+from peers.server import PeerServer, ServerConfig
+
+__all__ = ["LocalSwarm", "PeerConfig", "PeerDaemon", "PeerServer", "ServerConfig"]
