@@ -52,6 +52,10 @@ class UnsupportedArchitectureError(CheckpointError):
     """The checkpoint's architecture (or one of its options) is not one RaySwarm can partition."""
 
 
+class MissingBlocks(SwarmError):
+    """No live peer serves some blocks: the message lists them."""
+
+
 class InvalidSpan(SwarmError, ValueError):
     """A block range is empty, reversed or outside the model."""
 

@@ -50,3 +50,15 @@ class PeerInfo:
     metrics_address: str = ""  # host:port of its Prometheus /metrics, "" if none
     model: str = ""
     total_blocks: int = 0  # blocks in the whole model, so readers can tell which are not served
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """One step of a route: run blocks `span` on the peer at `address`."""
+
+    peer_id: str
+    address: str  # host:port of the peer's gRPC server
+    span: Span  # the blocks this hop runs, within the peer's own span
+
+
+Route = tuple[Hop, ...]

@@ -88,7 +88,7 @@ def _through_swarm(ns: argparse.Namespace, head: ClientHead, input_ids: torch.Te
         infos = swarm.start()
         time.sleep(0.5)  # let the ONLINE announcements land before reading the registry
         print(render(swarm.config.name, swarm.bootstrap.peers(swarm.config.name)))
-        hops = [Hop(info["address"], Span(*info["span"])) for info in infos]
+        hops = [Hop(info["peer_id"], info["address"], Span(*info["span"])) for info in infos]
         with ChainSession(hops, batch_size=1, max_length=512, codec=DEFAULT_CODEC) as chain:
             _report(tokenizer, expected, *_generate(head, lambda h, _: chain.step(h), input_ids, ns.new_tokens))
     finally:

@@ -3,6 +3,7 @@ chain of them). Routing, failover and the Hugging Face-style model class come wi
 
 from __future__ import annotations
 
-from swarm.client.session import ChainSession, Hop, SpanSession
+from swarm.client.session import ChainSession, SpanSession
+from swarm.types import Hop
 
 __all__ = ["ChainSession", "Hop", "SpanSession"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import queue
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import grpc
 import torch
@@ -15,15 +14,9 @@ from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, join, split
 from swarm.errors import error_for
-from swarm.types import Span
+from swarm.types import Hop
 
 MAX_MESSAGE_BYTES = 4 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Hop:
-    address: str  # host:port of the peer's gRPC server
-    span: Span  # the blocks this hop runs (within the peer's span)
 
 
 class SpanSession:

@@ -16,7 +16,9 @@ from .test_peer_rpc import forward
 
 
 def hops(peer_servers) -> list[Hop]:
-    return [Hop(s.address, Span(s.backend.span.start, s.backend.span.end)) for s in peer_servers]
+    return [
+        Hop(s.service.config.peer_id, s.address, Span(s.backend.span.start, s.backend.span.end)) for s in peer_servers
+    ]
 
 
 @torch.inference_mode()

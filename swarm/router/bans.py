@@ -1,0 +1,42 @@
+"""Which peers not to use for now: a failed peer is banned for a time that doubles with each failure in a row."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Ban:
+    until: float
+    failures: int
+
+
+class Bans:
+    """Exponential backoff per peer id: base_s, 2 x base_s, ... up to max_s. Thread-safe; clock is injectable."""
+
+    def __init__(self, base_s: float = 1.0, max_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.base_s, self.max_s, self.clock = base_s, max_s, clock
+        self._bans: dict[str, _Ban] = {}
+        self._lock = threading.Lock()
+
+    def ban(self, peer_id: str) -> float:
+        """Record a failure; returns how long the peer is banned for."""
+        with self._lock:
+            previous = self._bans.get(peer_id)
+            failures = previous.failures + 1 if previous else 1
+            duration = min(self.base_s * 2 ** (failures - 1), self.max_s)
+            self._bans[peer_id] = _Ban(self.clock() + duration, failures)
+            return duration
+
+    def forgive(self, peer_id: str) -> None:
+        """A success resets the backoff."""
+        with self._lock:
+            self._bans.pop(peer_id, None)
+
+    def is_banned(self, peer_id: str) -> bool:
+        with self._lock:
+            ban = self._bans.get(peer_id)
+            return ban is not None and ban.until > self.clock()

@@ -1,0 +1,73 @@
+"""The Router interface and what every policy shares: which peers are usable, bans, and this client's own load.
+
+Sessions (swarm/client/session.py) call `choose` for an inference route and again for the span of a failed hop;
+RemoteSequential calls it per micro-batch. Policies: min_latency.py (inference), wiring.py (forward/backward).
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+
+from swarm.errors import MissingBlocks
+from swarm.router.bans import Bans
+from swarm.types import Hop, PeerInfo, PeerState, Route, Span
+
+
+class Router(abc.ABC):
+    def __init__(self, bans: Bans | None = None, rng: random.Random | None = None) -> None:
+        self.bans = bans or Bans()
+        self.rng = rng or random.Random()
+        self._load: dict[str, float] = defaultdict(float)  # work this client has in flight on each peer
+        self._lock = threading.Lock()
+
+    @abc.abstractmethod
+    def choose(self, need: Span, peers: Sequence[PeerInfo], tokens: int = 1) -> Route:
+        """A route whose hops run exactly the blocks of `need`, in order.
+
+        Called by a session when it opens (and for the span of a failed hop), and by RemoteSequential for each
+        micro-batch. `tokens` is the work the route will carry (cache tokens for a session, batch x seq for a
+        forward). Raises MissingBlocks when the usable peers leave some block of `need` uncovered.
+        """
+
+    def usable(self, peers: Sequence[PeerInfo]) -> list[PeerInfo]:
+        """Peers that serve now and are not banned."""
+        return [p for p in peers if p.state is PeerState.ONLINE and p.address and not self.bans.is_banned(p.peer_id)]
+
+    def acquire(self, route: Route, amount: float) -> None:
+        with self._lock:
+            for hop in route:
+                self._load[hop.peer_id] += amount
+
+    def release(self, route: Route, amount: float) -> None:
+        with self._lock:
+            for hop in route:
+                self._load[hop.peer_id] = max(0.0, self._load[hop.peer_id] - amount)
+
+    def load(self, peer_id: str) -> float:
+        with self._lock:
+            return self._load[peer_id]
+
+
+def check_coverage(need: Span, peers: Sequence[PeerInfo]) -> None:
+    """Raise MissingBlocks listing every block of `need` that no peer in `peers` serves."""
+    covered = {block for p in peers for block in range(max(p.span.start, need.start), min(p.span.end, need.end))}
+    missing = [block for block in range(need.start, need.end) if block not in covered]
+    if missing:
+        raise MissingBlocks(f"no live peer serves blocks {_ranges(missing)} (needed [{need.start}, {need.end}))")
+
+
+def hop(peer: PeerInfo, start: int, end: int) -> Hop:
+    return Hop(peer.peer_id, peer.address, Span(start, end))
+
+
+def _ranges(blocks: list[int]) -> str:
+    runs, first = [], blocks[0]
+    for previous, block in zip(blocks, [*blocks[1:], None], strict=True):
+        if block != previous + 1:
+            runs.append(str(first) if first == previous else f"{first}-{previous}")
+            first = block
+    return ", ".join(runs)
