@@ -80,19 +80,26 @@ def _local_spans(model: Path, count: int) -> Step:
 def _through_swarm(ns: argparse.Namespace, head: ClientHead, input_ids: torch.Tensor, tokenizer, expected) -> None:
     from peers.local_swarm import LocalSwarm
     from swarm.cli.status import render
-    from swarm.client import ChainSession, Hop
+    from swarm.client import InferenceSession
+    from swarm.router import MinLatencyRouter
     from swarm.types import Span
 
     swarm = LocalSwarm(ns.model, ns.swarm_peers)
     try:
-        infos = swarm.start()
+        swarm.start()
         time.sleep(0.5)  # let the ONLINE announcements land before reading the registry
-        print(render(swarm.config.name, swarm.bootstrap.peers(swarm.config.name)))
-        hops = [Hop(info["peer_id"], info["address"], Span(*info["span"])) for info in infos]
-        with ChainSession(hops, batch_size=1, max_length=512, codec=DEFAULT_CODEC) as chain:
-            _report(tokenizer, expected, *_generate(head, lambda h, _: chain.step(h), input_ids, ns.new_tokens))
+        name = swarm.config.name
+        print(render(name, swarm.bootstrap.peers(name)))
+        need = Span(0, _num_blocks(ns.model))
+        peers = lambda: swarm.bootstrap.peers(name)  # noqa: E731
+        with InferenceSession(MinLatencyRouter(), peers, need, 1, 512, DEFAULT_CODEC) as session:
+            _report(tokenizer, expected, *_generate(head, lambda h, _: session.step(h), input_ids, ns.new_tokens))
     finally:
         swarm.stop()
+
+
+def _num_blocks(model: Path) -> int:
+    return open_checkpoint(model)[2].num_layers
 
 
 @torch.inference_mode()

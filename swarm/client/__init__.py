@@ -1,9 +1,8 @@
-"""Client side of the swarm. session.py: SpanSession (one inference stream to one peer) and ChainSession (a fixed
-chain of them). Routing, failover and the Hugging Face-style model class come with the client issue."""
+"""Client side of the swarm. session.py: SpanSession (one inference stream to one peer) and InferenceSession (a
+route across the model with failover and replay)."""
 
 from __future__ import annotations
 
-from swarm.client.session import ChainSession, SpanSession
-from swarm.types import Hop
+from swarm.client.session import InferenceSession, SpanSession
 
-__all__ = ["ChainSession", "Hop", "SpanSession"]
+__all__ = ["InferenceSession", "SpanSession"]

@@ -1,11 +1,18 @@
-"""Inference over a fixed chain of peers: one bidirectional gRPC stream per span, each holding that span's KV
-cache on its peer. The client issue builds routing, failover and replay on top of this transport."""
+"""Inference sessions over the swarm: one bidirectional gRPC stream per hop, each holding that span's KV cache.
+
+An InferenceSession keeps, per hop, every input it sent. When a peer dies, drains, hangs past the step deadline
+or answers with an error, only that hop's span is rerouted: the replacement peers get the inputs replayed so
+they rebuild the KV cache, and the step goes on. Greedy generation then yields the same tokens.
+"""
 
 from __future__ import annotations
 
+import logging
 import queue
+import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 import torch
@@ -13,25 +20,25 @@ import torch
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, join, split
-from swarm.errors import error_for
-from swarm.types import Hop
+from swarm.errors import DeadlineExceeded, InvalidRequest, PeerUnavailable, SwarmError, error_for
+from swarm.router import Router
+from swarm.types import Hop, PeerInfo, Route, Span
+
+logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 << 20
+_CLOSED = object()
 
 
 class SpanSession:
     """One peer, one span, one KV cache. `step` sends new tokens' hidden states and returns the span's output."""
 
-    def __init__(self, hop: Hop, batch_size: int, max_length: int, codec: CodecId, timeout_s: float = 120.0) -> None:
-        self.hop, self.codec = hop, codec
-        self._channel = grpc.insecure_channel(
-            hop.address,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
+    def __init__(self, hop: Hop, batch_size: int, max_length: int, codec: CodecId, step_timeout_s: float) -> None:
+        self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        self._channel = grpc.insecure_channel(hop.address, options=options)
         self._requests: queue.Queue[pb.InferenceRequest | None] = queue.Queue()
+        self._responses: queue.Queue[object] = queue.Queue()
         opening = pb.InferenceOpen(
             protocol_version=pb.PROTOCOL_VERSION_CURRENT,
             session_id=uuid.uuid4().hex,
@@ -42,54 +49,159 @@ class SpanSession:
             response_codec=pb.CodecChoice(codec=int(codec)),
         )
         self._requests.put(pb.InferenceRequest(open=opening))
-        stub = pb_grpc.PeerStub(self._channel)
-        self._responses: Iterator[pb.InferenceResponse] = stub.Inference(
-            iter(self._requests.get, None), timeout=timeout_s
-        )
+        self._call = pb_grpc.PeerStub(self._channel).Inference(iter(self._requests.get, None))
+        threading.Thread(target=self._read, name=f"session-{hop.address}", daemon=True).start()
         self._step_id = 0
+
+    def _read(self) -> None:
+        try:
+            for response in self._call:
+                self._responses.put(response)
+        except grpc.RpcError as error:
+            self._responses.put(error)
+        self._responses.put(_CLOSED)
 
     def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden [batch, new_tokens, hidden] at `position` -> the span's output, same shape.
 
         Raises:
+            DeadlineExceeded: no answer within step_timeout_s (the stream is cancelled).
             SwarmError subclasses mapped from the peer's gRPC status (swarm/errors.py).
         """
         self._step_id += 1
         for chunk in split(encode(hidden, self.codec), MAX_MESSAGE_BYTES):
             step = pb.InferenceStep(step_id=self._step_id, position=position, hidden_states=chunk)
             self._requests.put(pb.InferenceRequest(step=step))
-        try:
-            first = next(self._responses)
-            chunks = [first.hidden_states]
-            while len(chunks) < max(first.hidden_states.num_chunks, 1):
-                chunks.append(next(self._responses).hidden_states)
-        except grpc.RpcError as error:
-            raise error_for(error.code(), f"{self.hop.address}: {error.details()}") from error
+        chunks = [self._next_response().hidden_states]
+        while len(chunks) < max(chunks[0].num_chunks, 1):
+            chunks.append(self._next_response().hidden_states)
         return decode(join(chunks))
+
+    def _next_response(self) -> pb.InferenceResponse:
+        try:
+            item = self._responses.get(timeout=self.step_timeout_s)
+        except queue.Empty:
+            self._call.cancel()
+            raise DeadlineExceeded(f"{self.hop.address}: no answer within {self.step_timeout_s} s") from None
+        if isinstance(item, grpc.RpcError):
+            raise error_for(item.code(), f"{self.hop.address}: {item.details()}")
+        if item is _CLOSED:
+            raise PeerUnavailable(f"{self.hop.address}: the peer closed the session")
+        return item  # type: ignore[return-value]
 
     def close(self) -> None:
         self._requests.put(None)
+        self._call.cancel()
         self._channel.close()
 
 
-class ChainSession:
-    """Spans one after another, covering the model; keeps the position so callers only pass new tokens."""
+class _ReplayFailed(Exception):
+    def __init__(self, peer_id: str, error: SwarmError) -> None:
+        super().__init__(f"replay to {peer_id} failed: {error}")
+        self.peer_id, self.error = peer_id, error
 
-    def __init__(self, hops: Sequence[Hop], batch_size: int, max_length: int, codec: CodecId) -> None:
-        self.sessions = [SpanSession(hop, batch_size, max_length, codec) for hop in hops]
+
+@dataclass
+class _HopState:
+    hop: Hop
+    session: SpanSession
+    inputs: list[torch.Tensor] = field(default_factory=list)  # every input sent, [batch, new_tokens, hidden] each
+
+
+class InferenceSession:
+    """A session across the whole model (or `need`), with failover. Callers pass only the new tokens."""
+
+    def __init__(
+        self,
+        router: Router,
+        peers: Callable[[], Sequence[PeerInfo]],
+        need: Span,
+        batch_size: int,
+        max_length: int,
+        codec: CodecId,
+        step_timeout_s: float = 30.0,
+        max_failovers: int = 8,
+    ) -> None:
+        self.router, self.peers, self.codec = router, peers, codec
+        self.batch_size, self.max_length = batch_size, max_length
+        self.step_timeout_s, self.max_failovers = step_timeout_s, max_failovers
         self.position = 0
+        self.failovers = 0
+        self._hops = self._open(need, inputs=[])
+
+    @property
+    def route(self) -> Route:
+        return tuple(state.hop for state in self._hops)
 
     def step(self, hidden: torch.Tensor) -> torch.Tensor:
-        for session in self.sessions:
-            hidden = session.step(hidden, self.position)
+        """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last output."""
+        index = 0
+        while index < len(self._hops):
+            state = self._hops[index]
+            try:
+                output = state.session.step(hidden, self.position)
+            except InvalidRequest:
+                raise  # a bug or a limit: no other peer would answer differently
+            except SwarmError as error:
+                self._fail_over(index, error)
+                continue  # the same index now holds the replacement's first hop
+            state.inputs.append(hidden)
+            self.router.bans.forgive(state.hop.peer_id)
+            hidden, index = output, index + 1
         self.position += hidden.shape[1]
         return hidden
 
-    def close(self) -> None:
-        for session in self.sessions:
-            session.close()
+    def _fail_over(self, index: int, error: SwarmError) -> None:
+        failed = self._hops[index]
+        self.failovers += 1
+        if self.failovers > self.max_failovers:
+            raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
+        backoff = self.router.bans.ban(failed.hop.peer_id)
+        logger.warning(
+            "peer=%s span=%s failed (%s); banned %.1f s, rerouting",
+            failed.hop.peer_id,
+            failed.hop.span,
+            error,
+            backoff,
+        )
+        failed.session.close()
+        self.router.release((failed.hop,), self._tokens)
+        self._hops[index : index + 1] = self._open(failed.hop.span, failed.inputs)
 
-    def __enter__(self) -> ChainSession:
+    @property
+    def _tokens(self) -> int:
+        return self.batch_size * self.max_length
+
+    def _open(self, need: Span, inputs: list[torch.Tensor]) -> list[_HopState]:
+        """Open sessions on a new route for `need`, replaying `inputs` (what the span had received) through it."""
+        route = self.router.choose(need, self.peers(), tokens=self._tokens)
+        self.router.acquire(route, self._tokens)
+        states = [
+            _HopState(hop, SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s))
+            for hop in route
+        ]
+        history = torch.cat(inputs, dim=1) if inputs else None
+        for state in states:
+            if history is None:
+                break
+            state.inputs.append(history)
+            try:
+                history = state.session.step(history, 0)  # rebuilds this hop's KV cache
+            except InvalidRequest:
+                raise
+            except SwarmError as error:
+                for opened in states:
+                    opened.session.close()
+                self.router.release(route, self._tokens)
+                raise _ReplayFailed(state.hop.peer_id, error) from error
+        return states
+
+    def close(self) -> None:
+        for state in self._hops:
+            state.session.close()
+        self.router.release(self.route, self._tokens)
+
+    def __enter__(self) -> InferenceSession:
         return self
 
     def __exit__(self, *exc: object) -> None:

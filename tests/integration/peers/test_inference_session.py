@@ -1,0 +1,132 @@
+"""Inference sessions over live peers: equal to the local blocks, many at once, and failing over when a peer
+stops answering, with the replacement rebuilding its KV cache from the replayed inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from peers.server import PeerServer, ServerConfig
+from swarm.client import InferenceSession
+from swarm.codec import CodecId
+from swarm.errors import InvalidRequest, MissingBlocks
+from swarm.partition import load_span
+from swarm.router import MinLatencyRouter
+from swarm.types import PeerInfo, PeerState, Span
+
+from .test_peer_rpc import forward
+
+EVERYTHING = Span(0, 30)
+
+
+def info(server: PeerServer) -> PeerInfo:
+    span = server.backend.span
+    return PeerInfo(
+        server.service.config.peer_id,
+        server.address,
+        Span(span.start, span.end),
+        PeerState.ONLINE,
+        inference_steps_per_s=10.0,
+        cache_tokens_free=server.pool.tokens_free,
+    )
+
+
+@torch.inference_mode()
+def local_chain(spans, tokens: torch.Tensor, steps: list[int]) -> list[torch.Tensor]:
+    caches = [span.new_cache(tokens.shape[0], 64) for span in spans]
+    outputs, position = [], 0
+    for length in steps:
+        hidden = tokens[:, position : position + length]
+        for span, cache in zip(spans, caches, strict=True):
+            hidden = span(hidden, position=position, cache=cache)
+        outputs.append(hidden)
+        position += length
+    return outputs
+
+
+def run_session(servers: list[PeerServer], seed: int, steps=(5, 1, 1, 1), on_step=None) -> float:
+    tokens = torch.randn(2, sum(steps), 576, generator=torch.Generator().manual_seed(seed))
+    spans = [servers[0].backend.span, servers[1].backend.span]
+    expected = local_chain(spans, tokens, list(steps))
+    peers = [info(s) for s in servers]
+    with InferenceSession(MinLatencyRouter(), lambda: peers, EVERYTHING, 2, 64, CodecId.NONE, step_timeout_s=20) as s:
+        got = []
+        for number, length in enumerate(steps):
+            if on_step:
+                on_step(number, s)
+            got.append(s.step(tokens[:, s.position : s.position + length]))
+    return max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True))
+
+
+def test_a_session_equals_the_local_blocks(peer_servers) -> None:
+    assert run_session(peer_servers, seed=0) <= 1e-4
+
+
+def test_concurrent_sessions_and_forwards_all_get_their_own_results(peer_servers, stubs) -> None:
+    hidden = torch.randn(1, 6, 576)
+    with torch.inference_mode():
+        expected_forward = peer_servers[0].backend.span(hidden)
+    with ThreadPoolExecutor(8) as pool:
+        sessions = [pool.submit(run_session, peer_servers, seed) for seed in range(4)]
+        forwards = [pool.submit(forward, stubs[0], peer_servers[0], hidden, CodecId.NONE) for _ in range(8)]
+        session_errors = [s.result(timeout=300) for s in sessions]
+        scale = float(expected_forward.abs().max())  # hidden states reach thousands (massive activations)
+        forward_errors = [float((f.result(timeout=300) - expected_forward).abs().max()) / scale for f in forwards]
+    assert max(session_errors) <= 1e-4, session_errors
+    # Concurrent forwards are batched together; a batch of 3 rounds differently from a batch of 1 in fp32.
+    assert max(forward_errors) <= 1e-5, forward_errors
+    assert peer_servers[0].pool.open_sessions == 0
+
+
+def test_peer_errors_reach_the_client_as_typed_errors(peer_servers) -> None:
+    peers = [info(s) for s in peer_servers]
+    with InferenceSession(MinLatencyRouter(), lambda: peers, EVERYTHING, 1, 4, CodecId.INT8_HADAMARD) as session:
+        session.step(torch.randn(1, 3, 576))
+        with pytest.raises(InvalidRequest, match="exceed the session's max_length 4"):
+            session.step(torch.randn(1, 2, 576))
+
+
+def test_missing_blocks_are_named(peer_servers) -> None:
+    peers = [info(peer_servers[0])]
+    with pytest.raises(MissingBlocks, match="blocks 15-29"):
+        InferenceSession(MinLatencyRouter(), lambda: peers, EVERYTHING, 1, 4, CodecId.NONE)
+
+
+@pytest.fixture
+def replicas(smollm2_path: Path) -> Iterator[list[PeerServer]]:
+    """A second copy of each span, started per test because failover tests stop them."""
+    servers = [
+        PeerServer(load_span(smollm2_path, a, b), ServerConfig(cache_tokens=4096), peer_id=f"replica-{a}")
+        for a, b in ((0, 15), (15, 30))
+    ]
+    for server in servers:
+        server.start()
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_peer_dying_mid_session_is_replaced_and_outputs_do_not_change(replicas, peer_servers, victim) -> None:
+    """The session starts on the replicas; at step 2 one of them dies; its span moves to the fixture's peer."""
+    tokens = torch.randn(1, 9, 576, generator=torch.Generator().manual_seed(7))
+    steps = [5, 1, 1, 1, 1]
+    expected = local_chain([peer_servers[0].backend.span, peer_servers[1].backend.span], tokens, steps)
+    fast = [info(s) for s in replicas]
+    slow = [dataclasses.replace(info(s), inference_steps_per_s=0.5) for s in peer_servers]
+    router = MinLatencyRouter()
+    with InferenceSession(router, lambda: fast + slow, EVERYTHING, 1, 64, CodecId.NONE, step_timeout_s=20) as session:
+        assert [h.peer_id for h in session.route] == ["replica-0", "replica-15"]
+        got = []
+        for number, length in enumerate(steps):
+            if number == 2:
+                replicas[victim].stop()  # gone at once: its open streams are cut
+            got.append(session.step(tokens[:, session.position : session.position + length]))
+        assert session.failovers >= 1
+        assert session.route[victim].peer_id == peer_servers[victim].service.config.peer_id
+    assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-3
