@@ -1,8 +1,10 @@
-"""Client side of the swarm. session.py: SpanSession (one inference stream to one peer) and InferenceSession (a
-route across the model with failover and replay)."""
+"""Client side of the swarm. model.py: DistributedModelForCausalLM (Hugging Face-style); generate.py: the decoding
+loop; session.py: SpanSession (one inference stream to one peer) and InferenceSession (a route across the model
+with failover and replay)."""
 
 from __future__ import annotations
 
+from swarm.client.model import DistributedModelForCausalLM, ModelSession
 from swarm.client.session import InferenceSession, SpanSession
 
-__all__ = ["InferenceSession", "SpanSession"]
+__all__ = ["DistributedModelForCausalLM", "InferenceSession", "ModelSession", "SpanSession"]

@@ -1,0 +1,96 @@
+"""The decoding loop behind DistributedModelForCausalLM.generate: Hugging Face's arguments and logits processors,
+run one step at a time through an inference session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from swarm.errors import InvalidRequest
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    max_new_tokens: int = 20
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    eos_token_ids: tuple[int, ...] = ()  # generation stops for a sequence once it emits one of these
+    pad_token_id: int = 0  # what finished sequences emit while others go on
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise InvalidRequest(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.do_sample and self.temperature <= 0:
+            raise InvalidRequest(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def logits_processors(params: GenerationParams) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Hugging Face's own processors for the arguments given, as one function (ids, scores) -> scores."""
+    from transformers.generation import (
+        LogitsProcessorList,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    processors = LogitsProcessorList()
+    if params.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.do_sample:
+        if params.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k > 0:
+            processors.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            processors.append(TopPLogitsWarper(params.top_p))
+    return processors
+
+
+@torch.inference_mode()
+def decode_loop(
+    step: Callable[[torch.Tensor], torch.Tensor],
+    history: torch.Tensor,
+    new_ids: torch.Tensor,
+    params: GenerationParams,
+    streamer: Any | None = None,
+) -> torch.Tensor:
+    """Generate after `new_ids` [batch, n]; `history` [batch, m] holds tokens the session already saw (for the
+    repetition penalty). `step(ids)` returns next-token logits [batch, vocab] for ids appended to the session.
+    Returns the generated tokens [batch, <= max_new_tokens]."""
+    process = logits_processors(params)
+    seen = torch.cat([history, new_ids], dim=1)
+    finished = torch.zeros(new_ids.shape[0], dtype=torch.bool)
+    generated: list[torch.Tensor] = []
+    feed = new_ids
+    for _ in range(params.max_new_tokens):
+        scores = process(seen, step(feed).float())
+        if params.do_sample:
+            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        else:
+            tokens = scores.argmax(dim=-1)
+        tokens = torch.where(finished, torch.full_like(tokens, params.pad_token_id), tokens)
+        generated.append(tokens)
+        if streamer is not None:
+            streamer.put(tokens)
+        seen, feed = torch.cat([seen, tokens[:, None]], dim=1), tokens[:, None]
+        finished |= _is_eos(tokens, params.eos_token_ids)
+        if bool(finished.all()):
+            break
+    if not generated:
+        return new_ids[:, :0]
+    return torch.stack(generated, dim=1)
+
+
+def _is_eos(tokens: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:
+    if not eos_token_ids:
+        return torch.zeros_like(tokens, dtype=torch.bool)
+    return torch.isin(tokens, torch.tensor(eos_token_ids))

@@ -1,0 +1,152 @@
+"""DistributedModelForCausalLM: a causal LM whose blocks run in the swarm and which reads like Hugging Face's.
+
+The client holds the embeddings, final norm and LM head; everything between goes through inference sessions
+routed over the peers the registry lists. No Ray is needed on the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarm.client.generate import GenerationParams, decode_loop
+from swarm.client.session import InferenceSession
+from swarm.config import ClientConfig
+from swarm.errors import InvalidRequest
+from swarm.partition import load_client_head, open_checkpoint
+from swarm.registry import Registry
+from swarm.registry.view import SwarmView
+from swarm.router import Bans, MinLatencyRouter
+from swarm.types import Span
+
+
+class ModelSession:
+    """A multi-turn session: the KV caches on the peers and the tokens they hold. Made by inference_session()."""
+
+    def __init__(self, model: DistributedModelForCausalLM, max_length: int, batch_size: int) -> None:
+        self.model, self.max_length, self.batch_size = model, max_length, batch_size
+        self.session = InferenceSession(
+            model.router,
+            model.view.peers,
+            Span(0, model.num_blocks),
+            batch_size,
+            max_length,
+            model.client_config.codec,
+            model.client_config.step_timeout_s,
+            model.client_config.max_failovers,
+        )
+        self.tokens = torch.zeros(batch_size, 0, dtype=torch.long)  # every token the peers have seen
+        self.pending = torch.zeros(batch_size, 0, dtype=torch.long)  # generated last turn, not fed yet
+
+    @property
+    def position(self) -> int:
+        return self.session.position
+
+    def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append ids [batch, n] to the session; returns the logits [batch, vocab] that follow the last one."""
+        if self.position + ids.shape[1] > self.max_length:
+            raise InvalidRequest(
+                f"{self.position + ids.shape[1]} tokens exceed the session's max_length {self.max_length}"
+            )
+        hidden = self.session.step(self.model.head.embed(ids))
+        self.tokens = torch.cat([self.tokens, ids], dim=1)
+        return self.model.head.logits(hidden[:, -1])
+
+    def close(self) -> None:
+        self.session.close()
+        if self.model.active_session is self:
+            self.model.active_session = None
+
+    def __enter__(self) -> ModelSession:
+        self.model.active_session = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DistributedModelForCausalLM:
+    def __init__(self, path: str | Path, initial_peers: Sequence[str], config: ClientConfig) -> None:
+        from transformers import AutoConfig
+
+        self.client_config = config
+        self.config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        self.num_blocks = open_checkpoint(path)[2].num_layers
+        self.head = load_client_head(path)
+        self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True)
+        self.view = SwarmView(self.registry, config.model_name or Path(path).name, config.refresh_s)
+        self.router = MinLatencyRouter(bans=Bans(config.ban_base_s, config.ban_max_s))
+        self.active_session: ModelSession | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, initial_peers: Sequence[str], config: ClientConfig | None = None, **overrides: Any
+    ) -> DistributedModelForCausalLM:
+        """Load the client part of the checkpoint at `path` and join the swarm through `initial_peers`.
+
+        Keyword overrides set ClientConfig fields, e.g. `codec=CodecId.NONE`.
+        """
+        import dataclasses
+
+        return cls(path, initial_peers, dataclasses.replace(config or ClientConfig(), **overrides))
+
+    def inference_session(self, max_length: int, batch_size: int = 1) -> ModelSession:
+        """`with model.inference_session(max_length=N) as s:` keeps the peers' KV caches between generate() calls;
+        inside it, generate() takes only the new tokens of each turn."""
+        return ModelSession(self, max_length, batch_size)
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        streamer: Any | None = None,
+        attention_mask: torch.Tensor | None = None,
+        session: ModelSession | None = None,
+        max_length: int | None = None,
+    ) -> torch.Tensor:
+        """Like transformers' generate: returns input_ids followed by the new tokens, [batch, n + new].
+
+        Raises:
+            InvalidRequest: padded batches (attention_mask with zeros) or arguments out of range.
+        """
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise InvalidRequest("padded batches are not supported yet: pass sequences of equal length")
+        params = self._params(
+            max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos_token_id, pad_token_id
+        )
+        if streamer is not None:
+            streamer.put(input_ids)
+        session = session or self.active_session
+        own = session is None
+        if own:
+            session = self.inference_session(max_length or input_ids.shape[1] + max_new_tokens, input_ids.shape[0])
+        try:
+            feed = torch.cat([session.pending, input_ids], dim=1)
+            new = decode_loop(session.next_logits, session.tokens, feed, params, streamer)
+            session.pending = new[:, -1:]
+        finally:
+            if own:
+                session.close()
+            if streamer is not None:
+                streamer.end()
+        return torch.cat([input_ids, new], dim=1)
+
+    def _params(self, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos, pad):
+        eos = self.config.eos_token_id if eos is None else eos
+        eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, Sequence) else (int(eos),))
+        pad = pad if pad is not None else (self.config.pad_token_id if self.config.pad_token_id is not None else 0)
+        return GenerationParams(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos_ids, pad)
+
+    def close(self) -> None:
+        self.view.close()
+        self.registry.shutdown()

@@ -1,0 +1,19 @@
+"""Typed client configuration, in one place. Field names carry their units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swarm.codec import DEFAULT_CODEC, CodecId
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    model_name: str = ""  # registry key; "" means the checkpoint directory's name
+    codec: CodecId = DEFAULT_CODEC  # how hidden states travel, both ways
+    step_timeout_s: float = 30.0  # a peer that does not answer a step within this is failed over
+    max_failovers: int = 8  # per session, before giving up
+    refresh_s: float = 5.0  # how often the view of the registry is refreshed in the background
+    ban_base_s: float = 1.0  # first ban of a failed peer; doubles with each failure in a row
+    ban_max_s: float = 60.0
+    dht_host: str = "127.0.0.1"  # address of the client's own (client-mode) DHT node

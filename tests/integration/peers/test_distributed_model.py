@@ -1,0 +1,127 @@
+"""DistributedModelForCausalLM over two live peers announced in a real DHT, against Hugging Face generate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from peers.server import PeerServer
+from swarm import CodecId, DistributedModelForCausalLM
+from swarm.registry import Announcer, Registry
+from swarm.types import PeerInfo, PeerState, Span
+
+PROMPT = "The old stone bridge at the edge of the market town"
+
+
+def announce(server: PeerServer, registry: Registry) -> Announcer:
+    span = server.backend.span
+
+    def describe() -> PeerInfo:
+        return PeerInfo(
+            server.service.config.peer_id,
+            server.address,
+            Span(span.start, span.end),
+            PeerState.ONLINE,
+            inference_steps_per_s=10.0,
+            cache_tokens_free=server.pool.tokens_free,
+            model="smollm2-135m",
+            total_blocks=30,
+        )
+
+    announcer = Announcer(registry, describe, period_s=5, ttl_s=30)
+    announcer.start()
+    return announcer
+
+
+@pytest.fixture(scope="module")
+def bootstrap(peer_servers: list[PeerServer]) -> Iterator[Registry]:
+    registry = Registry()
+    announcers = [announce(server, registry) for server in peer_servers]
+    yield registry
+    for announcer in announcers:
+        announcer.stop()
+    registry.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(smollm2_path))
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path: Path, bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
+    model = DistributedModelForCausalLM.from_pretrained(smollm2_path, bootstrap.addresses, codec=CodecId.NONE)
+    yield model
+    model.close()
+
+
+def test_greedy_generation_equals_hugging_face_token_for_token(model, reference) -> None:
+    hf_model, tokenizer = reference
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        expected = hf_model.generate(input_ids, max_new_tokens=64, do_sample=False)
+    got = model.generate(input_ids, max_new_tokens=64)
+    assert got.shape == expected.shape
+    assert torch.equal(got, expected), (tokenizer.decode(got[0]), tokenizer.decode(expected[0]))
+
+
+def test_multi_turn_session_continues_the_same_caches(model, reference) -> None:
+    hf_model, tokenizer = reference
+    first = tokenizer("Bridges are built", return_tensors="pt").input_ids
+    second = tokenizer(" from stone because", return_tensors="pt").input_ids
+    with model.inference_session(max_length=64) as session:
+        turn1 = model.generate(first, max_new_tokens=5)
+        turn2 = model.generate(second, max_new_tokens=5)
+        assert session.position == first.shape[1] + 5 + second.shape[1] + 4  # the last token is not fed back
+    with torch.inference_mode():
+        whole = torch.cat([turn1, second], dim=1)
+        expected = hf_model.generate(whole, max_new_tokens=5, do_sample=False)
+    assert torch.equal(turn2, expected[:, turn1.shape[1] :])
+
+
+def test_sampling_arguments_and_streamer(model, reference) -> None:
+    _, tokenizer = reference
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+
+    class Collector:
+        def __init__(self) -> None:
+            self.puts, self.ended = [], False
+
+        def put(self, value: torch.Tensor) -> None:
+            self.puts.append(value)
+
+        def end(self) -> None:
+            self.ended = True
+
+    streamer = Collector()
+    torch.manual_seed(0)
+    sampled = model.generate(
+        input_ids,
+        max_new_tokens=8,
+        do_sample=True,
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
+        repetition_penalty=1.2,
+        streamer=streamer,
+    )
+    assert sampled.shape == (1, input_ids.shape[1] + 8)
+    assert streamer.ended and torch.equal(streamer.puts[0], input_ids) and len(streamer.puts) == 9
+    assert torch.equal(torch.stack([p for p in streamer.puts[1:]], dim=1), sampled[:, input_ids.shape[1] :])
+    top1 = model.generate(input_ids, max_new_tokens=8, do_sample=True, top_k=1)
+    assert torch.equal(top1, model.generate(input_ids, max_new_tokens=8))
+
+
+def test_stop_tokens_end_generation(model, reference) -> None:
+    _, tokenizer = reference
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    free = model.generate(input_ids, max_new_tokens=6)
+    stop = int(free[0, input_ids.shape[1] + 2])
+    stopped = model.generate(input_ids, max_new_tokens=6, eos_token_id=stop)
+    assert stopped.shape[1] <= input_ids.shape[1] + 3 and int(stopped[0, -1]) == stop
