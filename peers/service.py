@@ -264,7 +264,8 @@ def _collect(requests: Iterable[Any], field: str) -> tuple[Any, pb.Tensor]:
     parts = list(requests)
     if not parts:
         raise InvalidRequest("the stream carried no request")
-    return parts[0], join(getattr(p, field) for p in parts)
+    # A stream's two tensors may need different numbers of chunks: messages past one's end leave it unset.
+    return parts[0], join(getattr(p, field) for p in parts if p.HasField(field))
 
 
 def _check_version(version: int) -> None:

@@ -1,10 +1,14 @@
-"""Client side of the swarm. model.py: DistributedModelForCausalLM (Hugging Face-style); generate.py: the decoding
-loop; session.py: SpanSession (one inference stream to one peer) and InferenceSession (a route across the model
-with failover and replay)."""
+"""Client side of the swarm.
+
+model.py: DistributedModelForCausalLM (Hugging Face-style); generate.py: the decoding loop; sequential.py:
+RemoteSequential (forward/backward through the swarm, in autograd); session.py: SpanSession (one inference stream
+to one peer) and InferenceSession (a route across the model with failover and replay).
+"""
 
 from __future__ import annotations
 
 from swarm.client.model import DistributedModelForCausalLM, ModelSession
+from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession, SpanSession
 
-__all__ = ["DistributedModelForCausalLM", "InferenceSession", "ModelSession", "SpanSession"]
+__all__ = ["DistributedModelForCausalLM", "InferenceSession", "ModelSession", "RemoteSequential", "SpanSession"]

@@ -13,13 +13,14 @@ from typing import Any
 import torch
 
 from swarm.client.generate import GenerationParams, decode_loop
+from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
 from swarm.config import ClientConfig
 from swarm.errors import InvalidRequest
 from swarm.partition import load_client_head, open_checkpoint
 from swarm.registry import Registry
 from swarm.registry.view import SwarmView
-from swarm.router import Bans, MinLatencyRouter
+from swarm.router import Bans, MinLatencyRouter, WiringRouter
 from swarm.types import Span
 
 
@@ -79,6 +80,14 @@ class DistributedModelForCausalLM:
         self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True)
         self.view = SwarmView(self.registry, config.model_name or Path(path).name, config.refresh_s)
         self.router = MinLatencyRouter(bans=Bans(config.ban_base_s, config.ban_max_s))
+        self.blocks = RemoteSequential(
+            WiringRouter(bans=self.router.bans),
+            self.view.peers,
+            Span(0, self.num_blocks),
+            config.codec,
+            timeout_s=config.step_timeout_s * 4,
+            max_retries=config.max_failovers,
+        )
         self.active_session: ModelSession | None = None
 
     @classmethod
@@ -92,6 +101,13 @@ class DistributedModelForCausalLM:
         import dataclasses
 
         return cls(path, initial_peers, dataclasses.replace(config or ClientConfig(), **overrides))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits [batch, seq, vocab] for input_ids [batch, seq], through forward calls (no cache);
+        differentiable with respect to the client's own parameters, as fine-tuning needs."""
+        return self.head.logits(self.blocks(self.head.embed(input_ids)))
+
+    __call__ = forward
 
     def inference_session(self, max_length: int, batch_size: int = 1) -> ModelSession:
         """`with model.inference_session(max_length=N) as s:` keeps the peers' KV caches between generate() calls;

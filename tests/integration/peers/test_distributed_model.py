@@ -125,3 +125,41 @@ def test_stop_tokens_end_generation(model, reference) -> None:
     stop = int(free[0, input_ids.shape[1] + 2])
     stopped = model.generate(input_ids, max_new_tokens=6, eos_token_id=stop)
     assert stopped.shape[1] <= input_ids.shape[1] + 3 and int(stopped[0, -1]) == stop
+
+
+def test_remote_sequential_forward_and_backward_equal_local_autograd(model, peer_servers) -> None:
+    hidden = torch.randn(2, 5, 576, requires_grad=True)
+    remote = model.blocks(hidden, position=0)
+    grad = torch.randn_like(remote)
+    remote.backward(grad)
+    local_input = hidden.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        local = peer_servers[1].backend.span(peer_servers[0].backend.span(local_input))
+        local.backward(grad)
+    scale = float(local.abs().max())
+    assert float((remote - local).abs().max()) / scale <= 1e-6
+    assert float((hidden.grad - local_input.grad).norm() / local_input.grad.norm()) <= 1e-5
+
+
+def test_8bit_activations_keep_next_token_agreement_and_perplexity(smollm2_path: Path, bootstrap, reference) -> None:
+    """Teacher-forced over tests/data/eval_text.txt (2,076 tokens), default codec on every hop, vs local HF."""
+    hf_model, tokenizer = reference
+    text = (Path(__file__).resolve().parents[2] / "data" / "eval_text.txt").read_text()
+    input_ids = tokenizer(text, return_tensors="pt").input_ids
+    assert input_ids.shape[1] >= 2000
+    eight_bit = DistributedModelForCausalLM.from_pretrained(smollm2_path, bootstrap.addresses)
+    try:
+        with torch.inference_mode():
+            remote = eight_bit(input_ids)[0]
+            local = hf_model(input_ids).logits[0]
+    finally:
+        eight_bit.close()
+    agreement = float((remote.argmax(-1) == local.argmax(-1)).float().mean())
+    targets = input_ids[0, 1:, None]
+    perplexity = {
+        name: float(torch.exp(-logits[:-1].log_softmax(-1).gather(-1, targets).mean()))
+        for name, logits in (("remote", remote), ("local", local))
+    }
+    print(f"agreement={agreement:.4f} perplexity={perplexity}")
+    assert agreement >= 0.99
+    assert abs(perplexity["remote"] / perplexity["local"] - 1) <= 0.01

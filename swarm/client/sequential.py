@@ -1,0 +1,147 @@
+"""RemoteSequential: blocks of the model run in the swarm as one autograd-aware module.
+
+forward sends Forward calls along a route chosen by stochastic wiring; backward sends Backward calls hop by hop
+in reverse, and any replica of a hop's span may answer, since peers recompute the forward from the inputs.
+A failed call bans the peer and the span is routed again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+import grpc
+import torch
+
+from swarm._proto import swarm_pb2 as pb
+from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.codec import CodecId, decode, encode, join, split
+from swarm.errors import InvalidRequest, PeerUnavailable, SwarmError, error_for
+from swarm.router import Router
+from swarm.types import Hop, PeerInfo, Span
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 2 << 20  # well under the peers' 4 MiB message limit
+
+
+class _Stubs:
+    """One gRPC channel per peer address, shared by every call of this client."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[str, pb_grpc.PeerStub] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, address: str) -> pb_grpc.PeerStub:
+        with self._lock:
+            if address not in self._stubs:
+                options = [("grpc.max_receive_message_length", 4 * CHUNK_BYTES)]
+                self._stubs[address] = pb_grpc.PeerStub(grpc.insecure_channel(address, options=options))
+            return self._stubs[address]
+
+
+class RemoteSequential(torch.nn.Module):
+    def __init__(
+        self,
+        router: Router,
+        peers: Callable[[], Sequence[PeerInfo]],
+        need: Span,
+        codec: CodecId,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+    ) -> None:
+        super().__init__()
+        self.router, self.peers, self.need, self.codec = router, peers, need, codec
+        self.timeout_s, self.max_retries = timeout_s, max_retries
+        self.stub = _Stubs()
+
+    def forward(self, hidden: torch.Tensor, position: int = 0) -> torch.Tensor:
+        """hidden [batch, seq, hidden] -> the output of blocks `need`; differentiable with respect to `hidden`."""
+        return _RemoteSpan.apply(hidden, self, position)
+
+    def run_forward(
+        self, span: Span, position: int, hidden: torch.Tensor, retries: _Retries
+    ) -> tuple[torch.Tensor, list]:
+        """Forward through `span`; returns the output and the (hop, input) pairs used, for backward."""
+        used: list[tuple[Hop, torch.Tensor]] = []
+        for hop in self._route(span, hidden):
+            try:
+                output = self._call(hop, position, hidden)
+                used.append((hop, hidden))
+            except InvalidRequest:
+                raise
+            except SwarmError as error:
+                retries.spend(hop, error, self.router)
+                output, more = self.run_forward(hop.span, position, hidden, retries)
+                used.extend(more)
+            hidden = output
+        return hidden, used
+
+    def run_backward(self, used: list, position: int, grad: torch.Tensor, retries: _Retries) -> torch.Tensor:
+        for hop, inputs in reversed(used):
+            try:
+                grad = self._call(hop, position, inputs, grad)
+            except InvalidRequest:
+                raise
+            except SwarmError as error:
+                retries.spend(hop, error, self.router)
+                _, replacement = self.run_forward(hop.span, position, inputs, retries)  # each new hop's inputs
+                grad = self.run_backward(replacement, position, grad, retries)
+        return grad
+
+    def _route(self, span: Span, hidden: torch.Tensor) -> tuple[Hop, ...]:
+        return self.router.choose(span, self.peers(), tokens=hidden.shape[0] * hidden.shape[1])
+
+    def _call(self, hop: Hop, position: int, hidden: torch.Tensor, grad: torch.Tensor | None = None) -> torch.Tensor:
+        """One Forward (grad None) or Backward call on the stream RPCs, which carry tensors of any size."""
+        header = {"protocol_version": pb.PROTOCOL_VERSION_CURRENT, "position": position}
+        header |= {"start_block": hop.span.start, "end_block": hop.span.end}
+        choice = pb.CodecChoice(codec=int(self.codec))
+        stub = self.stub(hop.address)
+        try:
+            if grad is None:
+                requests = [
+                    pb.ForwardRequest(hidden_states=c, response_codec=choice, **header) for c in self._chunks(hidden)
+                ]
+                return decode(
+                    join(r.hidden_states for r in stub.ForwardStream(iter(requests), timeout=self.timeout_s))
+                )
+            pairs = itertools.zip_longest(self._chunks(hidden), self._chunks(grad))
+            requests = [
+                pb.BackwardRequest(hidden_states=h, grad_outputs=g, response_codec=choice, **header) for h, g in pairs
+            ]
+            return decode(join(r.grad_inputs for r in stub.BackwardStream(iter(requests), timeout=self.timeout_s)))
+        except grpc.RpcError as error:
+            raise error_for(error.code(), f"{hop.address}: {error.details()}") from error
+
+    def _chunks(self, tensor: torch.Tensor) -> list[pb.Tensor]:
+        return list(split(encode(tensor.detach(), self.codec), CHUNK_BYTES))
+
+
+class _Retries:
+    """The failures one forward or backward pass may absorb before it gives up."""
+
+    def __init__(self, budget: int) -> None:
+        self.left = budget
+
+    def spend(self, hop: Hop, error: SwarmError, router: Router) -> None:
+        if self.left <= 0:
+            raise PeerUnavailable(f"blocks {hop.span} failed too often; last: {error}") from error
+        self.left -= 1
+        router.bans.ban(hop.peer_id)
+        logger.warning("peer=%s span=%s failed (%s); routing the span again", hop.peer_id, hop.span, error)
+
+
+class _RemoteSpan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, module: RemoteSequential, position: int) -> torch.Tensor:
+        output, used = module.run_forward(module.need, position, hidden, _Retries(module.max_retries))
+        ctx.module, ctx.position, ctx.used = module, position, used
+        return output
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        retries = _Retries(ctx.module.max_retries)
+        return ctx.module.run_backward(ctx.used, ctx.position, grad, retries), None, None
