@@ -1,7 +1,7 @@
 """The `swarm` command line. One module per command; each exposes `add_parser(subparsers)` and `run(ns)`.
 
 convert.py: `swarm convert` and `swarm convert-test-model`; demo.py: `swarm demo`; peer.py: `swarm peer join`;
-up.py: `swarm up` (a whole swarm on one machine); status.py: `swarm status`.
+up.py: `swarm up` (a whole swarm on one machine); status.py: `swarm status`; generate.py: `swarm generate`.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import argparse
 import logging
 import sys
 
-from swarm.cli import convert, demo, peer, status, up
+from swarm.cli import convert, demo, generate, peer, status, up
 from swarm.errors import SwarmError
 
-COMMANDS = (convert, demo, peer, up, status)
+COMMANDS = (convert, demo, peer, up, status, generate)
 
 
 def build_parser() -> argparse.ArgumentParser:

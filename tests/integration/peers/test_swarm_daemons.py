@@ -94,6 +94,41 @@ def test_status_shows_peers_spans_states_and_coverage(swarm: Swarm) -> None:
     assert "coverage: all 30 blocks served" in result.stdout
 
 
+def test_generate_streams_the_same_text_as_hugging_face(swarm: Swarm, smollm2_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompt = "The river rose quickly because"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm",
+            "generate",
+            "--initial-peers",
+            swarm.initial_peers,
+            "--model",
+            str(smollm2_path),
+            "--max-new-tokens",
+            "16",
+            "--codec",
+            "NONE",
+            prompt,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=ENV,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path))
+    hf_model = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
+    input_ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        expected = hf_model.generate(input_ids, max_new_tokens=16, do_sample=False)
+    assert result.stdout.strip() == tokenizer.decode(expected[0]).strip()
+
+
 def test_announced_peers_serve_the_model_and_their_throughput(swarm: Swarm, smollm2_path: Path) -> None:
     peers = swarm.peers(state=PeerState.ONLINE)
     assert [(p.span.start, p.span.end) for p in peers] == [(0, 15), (15, 30)]
