@@ -19,6 +19,7 @@ test: $(MODEL_READY)
 
 bench: $(MODEL_READY)
 	$(PY) -m benchmarks.codec --model $(MODEL)
+	$(PY) -m benchmarks.generate --model $(MODEL)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

@@ -106,14 +106,19 @@ def _actor_info(actor: Any) -> dict:
 
 def drain(daemons: list[PeerDaemon], timeout_s: float) -> bool:
     """Drain every peer concurrently, then kill the actors; True if all finished their in-flight work."""
+    import time
+
     import ray
 
-    pending = [daemon.drain_started() for daemon in daemons]
-    try:
-        finished = all(ray.get(pending, timeout=timeout_s))
-    except (ray.exceptions.RayError, TimeoutError):
-        logger.exception("drain did not complete")
-        finished = False
-    for daemon in daemons:
+    pending = [(daemon, daemon.drain_started()) for daemon in daemons]
+    deadline = time.monotonic() + timeout_s
+    finished = True
+    for daemon, ref in pending:
+        try:
+            finished &= bool(ray.get(ref, timeout=max(deadline - time.monotonic(), 0.1)))
+        except (ray.exceptions.RayError, TimeoutError) as error:  # dead, restarting or too slow
+            logger.warning("peer=%s drain did not complete: %s", daemon.peer_id, error)
+            finished = False
+    for daemon, _ in pending:
         ray.kill(daemon.actor, no_restart=True)
     return finished
