@@ -27,6 +27,7 @@ class PeerConfig:
     announce_period_s: float = 10.0
     drain_grace_s: float = 30.0  # in-flight work gets this long after SIGTERM
     threads: int = 0  # torch threads for compute; 0: one per core
+    max_restarts: int = 10  # times Ray restarts a crashed stage actor (-1: forever)
     server: ServerConfig = field(default_factory=ServerConfig)
 
     @property

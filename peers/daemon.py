@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from peers.config import PeerConfig
@@ -23,8 +24,10 @@ ACTOR_INFO_TIMEOUT_S = 5.0
 
 
 class PeerDaemon:
-    def __init__(self, config: PeerConfig, registry: Registry) -> None:
-        self.config, self.registry = config, registry
+    def __init__(
+        self, config: PeerConfig, registry: Registry, on_restart: Callable[[dict], None] | None = None
+    ) -> None:
+        self.config, self.registry, self.on_restart = config, registry, on_restart
         self.peer_id = uuid.uuid4().hex[:16]  # kept across actor restarts, so the record is updated in place
         self.total_blocks = open_checkpoint(config.model_path)[2].num_layers
         self.span = self._choose_span()
@@ -55,11 +58,15 @@ class PeerDaemon:
         if self.actor is None or self.state is not PeerState.ONLINE:
             return self._record(self.state)
         try:
-            self.last_info = _actor_info(self.actor)
+            live = _actor_info(self.actor)
         except Exception as error:  # unavailable, restarting, or dead for good
             logger.warning("peer=%s actor not answering: %s", self.peer_id, error)
             return self._record(PeerState.JOINING)
-        live = self.last_info
+        if self.last_info is not None and live["pid"] != self.last_info["pid"]:
+            logger.warning("peer=%s stage actor restarted by Ray: pid %s", self.peer_id, live["pid"])
+            if self.on_restart is not None:
+                self.on_restart(live)
+        self.last_info = live
         return dataclasses.replace(
             self._record(PeerState.ONLINE),
             address=live["address"],

@@ -31,8 +31,8 @@ def connect_ray(address: str | None) -> None:
         ray.init(address=address, **common)
 
 
-def spawn_peer(config: PeerConfig, peer_id: str, span: Span, max_restarts: int = 3) -> Any:
-    """Create a stage actor; Ray restarts it (re-running __init__, which re-announces) up to `max_restarts` times.
+def spawn_peer(config: PeerConfig, peer_id: str, span: Span) -> Any:
+    """Create a stage actor; Ray restarts it (re-running __init__) up to config.max_restarts times.
 
     It asks Ray for a GPU when the peer computes on CUDA and for no CPU otherwise: a peer is a long-lived
     server whose compute threads are set by PeerConfig.threads, not a task to pack onto cores.
@@ -42,7 +42,7 @@ def spawn_peer(config: PeerConfig, peer_id: str, span: Span, max_restarts: int =
     options = {
         "num_cpus": 0,
         "num_gpus": 1 if config.device == "cuda" else 0,
-        "max_restarts": max_restarts,
+        "max_restarts": config.max_restarts,
         "max_concurrency": 4,  # info and drain must run while a slow call is in progress
     }
     return ray.remote(StagePeer).options(**options).remote(config, peer_id, span)

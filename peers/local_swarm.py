@@ -1,5 +1,5 @@
-"""The embedded default: a local Ray bound to 127.0.0.1, a DHT bootstrap node and N peers covering the model.
-Used by `swarm up` and `swarm demo`."""
+"""The embedded default: a local Ray bound to 127.0.0.1, a DHT bootstrap node and N peers covering the model
+(N = 0: just Ray and the DHT, for peers that join later). Used by `swarm up` and `swarm demo`."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ class LocalSwarm:
         self, model_path: str | Path, num_peers: int, ttl_s: float = 30.0, cache_tokens: int = 65536, dht_port: int = 0
     ) -> None:
         num_blocks = open_checkpoint(model_path)[2].num_layers
-        if not 1 <= num_peers <= num_blocks:
-            raise ValueError(f"the number of peers must be between 1 and {num_blocks}, got {num_peers}")
+        if not 0 <= num_peers <= num_blocks:
+            raise ValueError(f"the number of peers must be between 0 and {num_blocks}, got {num_peers}")
         connect_ray(None)
         self.bootstrap = Registry(port=dht_port)
         self.initial_peers = tuple(self.bootstrap.addresses)
@@ -32,7 +32,7 @@ class LocalSwarm:
             announce_period_s=ttl_s / 3,
             server=ServerConfig(cache_tokens=cache_tokens),
         )
-        bounds = [round(i * num_blocks / num_peers) for i in range(num_peers + 1)]
+        bounds = [round(i * num_blocks / num_peers) for i in range(num_peers + 1)] if num_peers else []
         self.daemons = [
             PeerDaemon(dataclasses.replace(self.config, blocks=span), self.bootstrap)
             for span in itertools.pairwise(bounds)

@@ -91,7 +91,7 @@ def _through_swarm(ns: argparse.Namespace, head: ClientHead, input_ids: torch.Te
         name = swarm.config.name
         print(render(name, swarm.bootstrap.peers(name)))
         need = Span(0, _num_blocks(ns.model))
-        peers = lambda: swarm.bootstrap.peers(name)  # noqa: E731
+        peers = lambda fresh=False: swarm.bootstrap.peers(name)  # noqa: E731
         with InferenceSession(MinLatencyRouter(), peers, need, 1, 512, DEFAULT_CODEC) as session:
             _report(tokenizer, expected, *_generate(head, lambda h, _: session.step(h), input_ids, ns.new_tokens))
     finally:

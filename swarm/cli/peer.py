@@ -51,7 +51,7 @@ def run_join(ns: argparse.Namespace) -> int:
     connect_ray(ns.ray_address)
     registry = Registry(config.initial_peers, host=config.host)
     try:
-        daemon = PeerDaemon(config, registry)
+        daemon = PeerDaemon(config, registry, on_restart=_print_restart)
         daemon.launch()
         info = daemon.wait_serving()
         start, end = info["span"]
@@ -67,3 +67,7 @@ def run_join(ns: argparse.Namespace) -> int:
         return 0
     finally:
         registry.shutdown()
+
+
+def _print_restart(info: dict) -> None:
+    print(f"stage actor restarted by Ray at {info['address']}; stage actor pid {info['pid']}", flush=True)

@@ -17,7 +17,9 @@ from swarm.cli._daemon import wait_for_stop_signal
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("up", help="start a whole swarm on this machine")
     parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
-    parser.add_argument("--peers", type=int, default=2, help="number of peers; their spans split the model")
+    parser.add_argument(
+        "--peers", type=int, default=2, help="number of peers; their spans split the model (0: only Ray and the DHT)"
+    )
     parser.add_argument("--dht-port", type=int, default=0, help="port of the DHT bootstrap node (default: any)")
     parser.add_argument("--ttl", type=float, default=30.0, help="seconds a record lives without a refresh")
     parser.add_argument("--cache-tokens", type=int, default=65536, help="KV-cache pool of each peer, in tokens")

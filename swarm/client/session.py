@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import torch
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, join, split
-from swarm.errors import DeadlineExceeded, InvalidRequest, PeerUnavailable, SwarmError, error_for
+from swarm.errors import DeadlineExceeded, InvalidRequest, MissingBlocks, PeerUnavailable, SwarmError, error_for
 from swarm.router import Router
 from swarm.types import Hop, PeerInfo, Route, Span
 
@@ -109,12 +110,16 @@ class _HopState:
 
 
 class InferenceSession:
-    """A session across the whole model (or `need`), with failover. Callers pass only the new tokens."""
+    """A session across the whole model (or `need`), with failover. Callers pass only the new tokens.
+
+    `peers(fresh)` lists the swarm's peers; fresh=True asks for a registry read rather than the cached view, which
+    the session does after a failure (a restarted peer has a new address).
+    """
 
     def __init__(
         self,
         router: Router,
-        peers: Callable[[], Sequence[PeerInfo]],
+        peers: Callable[[bool], Sequence[PeerInfo]],
         need: Span,
         batch_size: int,
         max_length: int,
@@ -174,7 +179,7 @@ class InferenceSession:
 
     def _open(self, need: Span, inputs: list[torch.Tensor]) -> list[_HopState]:
         """Open sessions on a new route for `need`, replaying `inputs` (what the span had received) through it."""
-        route = self.router.choose(need, self.peers(), tokens=self._tokens)
+        route = self._choose(need, fresh=bool(inputs))
         self.router.acquire(route, self._tokens)
         states = [
             _HopState(hop, SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s))
@@ -195,6 +200,19 @@ class InferenceSession:
                 self.router.release(route, self._tokens)
                 raise _ReplayFailed(state.hop.peer_id, error) from error
         return states
+
+    def _choose(self, need: Span, fresh: bool) -> Route:
+        """A route for `need`; while some block has no usable peer (all banned, restarting), wait for one until the
+        step deadline, re-reading the registry."""
+        deadline = time.monotonic() + self.step_timeout_s
+        while True:
+            try:
+                return self.router.choose(need, self.peers(fresh), tokens=self._tokens)
+            except MissingBlocks:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.25)
+            fresh = True
 
     def close(self) -> None:
         for state in self._hops:

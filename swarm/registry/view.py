@@ -22,7 +22,10 @@ class SwarmView:
         self._thread = threading.Thread(target=self._run, name="swarm-view", daemon=True)
         self._thread.start()
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self, fresh: bool = False) -> list[PeerInfo]:
+        """The cached view, or (fresh=True) a registry read now."""
+        if fresh:
+            return self.refresh()
         with self._lock:
             return list(self._peers)
 

@@ -54,7 +54,9 @@ def run_session(servers: list[PeerServer], seed: int, steps=(5, 1, 1, 1), on_ste
     spans = [servers[0].backend.span, servers[1].backend.span]
     expected = local_chain(spans, tokens, list(steps))
     peers = [info(s) for s in servers]
-    with InferenceSession(MinLatencyRouter(), lambda: peers, EVERYTHING, 2, 64, CodecId.NONE, step_timeout_s=20) as s:
+    with InferenceSession(
+        MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 2, 64, CodecId.NONE, step_timeout_s=20
+    ) as s:
         got = []
         for number, length in enumerate(steps):
             if on_step:
@@ -85,7 +87,9 @@ def test_concurrent_sessions_and_forwards_all_get_their_own_results(peer_servers
 
 def test_peer_errors_reach_the_client_as_typed_errors(peer_servers) -> None:
     peers = [info(s) for s in peer_servers]
-    with InferenceSession(MinLatencyRouter(), lambda: peers, EVERYTHING, 1, 4, CodecId.INT8_HADAMARD) as session:
+    with InferenceSession(
+        MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 4, CodecId.INT8_HADAMARD
+    ) as session:
         session.step(torch.randn(1, 3, 576))
         with pytest.raises(InvalidRequest, match="exceed the session's max_length 4"):
             session.step(torch.randn(1, 2, 576))
@@ -94,7 +98,9 @@ def test_peer_errors_reach_the_client_as_typed_errors(peer_servers) -> None:
 def test_missing_blocks_are_named(peer_servers) -> None:
     peers = [info(peer_servers[0])]
     with pytest.raises(MissingBlocks, match="blocks 15-29"):
-        InferenceSession(MinLatencyRouter(), lambda: peers, EVERYTHING, 1, 4, CodecId.NONE)
+        InferenceSession(
+            MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 4, CodecId.NONE, step_timeout_s=1
+        )
 
 
 @pytest.fixture
@@ -120,7 +126,9 @@ def test_a_peer_dying_mid_session_is_replaced_and_outputs_do_not_change(replicas
     fast = [info(s) for s in replicas]
     slow = [dataclasses.replace(info(s), inference_steps_per_s=0.5) for s in peer_servers]
     router = MinLatencyRouter()
-    with InferenceSession(router, lambda: fast + slow, EVERYTHING, 1, 64, CodecId.NONE, step_timeout_s=20) as session:
+    with InferenceSession(
+        router, lambda fresh=False: fast + slow, EVERYTHING, 1, 64, CodecId.NONE, step_timeout_s=20
+    ) as session:
         assert [h.peer_id for h in session.route] == ["replica-0", "replica-15"]
         got = []
         for number, length in enumerate(steps):

@@ -1,0 +1,191 @@
+"""Chaos: peers die (SIGKILL), are preempted (SIGTERM) or hang (SIGSTOP) at a random step of a generation;
+every generation completes and equals the failure-free output. Real processes: `swarm up --peers 0` provides Ray
+and the DHT, and four `swarm peer join` daemons serve blocks [0, 15) and [15, 30) twice each."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarm import CodecId, DistributedModelForCausalLM
+from swarm.registry import Registry
+from swarm.types import PeerState
+
+from ..integration.daemons import Daemon
+
+TTL = 6.0
+NEW_TOKENS = 12
+TRIALS = 10
+PROMPT = "The ferry crossed the river every morning, and"
+SLOTS = {"a": "0:15", "b": "0:15", "c": "15:30", "d": "15:30"}
+
+
+@dataclass
+class Peer:
+    daemon: Daemon
+    peer_id: str
+    actor_pid: int
+
+
+@dataclass
+class Cluster:
+    model_path: Path
+    initial_peers: str
+    ray_address: str
+    registry: Registry
+    peers: dict[str, Peer] = field(default_factory=dict)
+
+    def start(self, slot: str) -> None:
+        daemon = Daemon(
+            "peer",
+            "join",
+            "--model",
+            str(self.model_path),
+            "--initial-peers",
+            self.initial_peers,
+            "--ray-address",
+            self.ray_address,
+            "--blocks",
+            SLOTS[slot],
+            "--ttl",
+            str(TTL),
+            "--drain-grace",
+            "2",
+        )
+        self.peers[slot] = Peer(daemon, "", 0)
+
+    def wait_serving(self, slot: str) -> None:
+        peer = self.peers[slot]
+        peer.peer_id = peer.daemon.wait_for(r"peer (\w+) serving blocks", 300).group(1)
+        peer.actor_pid = int(peer.daemon.wait_for(r"stage actor pid (\d+)", 30).group(1))
+
+    def wait_all_online(self, timeout_s: float = 60) -> None:
+        wanted = {peer.peer_id for peer in self.peers.values()}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            online = {p.peer_id for p in self.registry.peers("smollm2-135m") if p.state is PeerState.ONLINE}
+            if wanted <= online:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"peers {wanted - online} not ONLINE after {timeout_s} s")
+
+    def slot_of(self, peer_id: str) -> str:
+        return next(slot for slot, peer in self.peers.items() if peer.peer_id == peer_id)
+
+
+@pytest.fixture(scope="module")
+def cluster(smollm2_path: Path) -> Iterator[Cluster]:
+    up = Daemon("up", "--peers", "0", "--model", str(smollm2_path), "--ttl", str(TTL))
+    cluster = None
+    try:
+        ray_address = up.wait_for(r"ray address: (\S+)", 240).group(1)
+        initial_peers = up.wait_for(r"initial peers: (\S+)", 60).group(1)
+        cluster = Cluster(smollm2_path, initial_peers, ray_address, Registry([initial_peers], client_mode=True))
+        for slot in SLOTS:
+            cluster.start(slot)
+        for slot in SLOTS:
+            cluster.wait_serving(slot)
+        cluster.wait_all_online()
+        yield cluster
+    finally:
+        if cluster is not None:
+            for peer in cluster.peers.values():
+                peer.daemon.kill()
+            cluster.registry.shutdown()
+        up.terminate(timeout_s=60)
+
+
+@pytest.fixture(scope="module")
+def model(cluster: Cluster) -> Iterator[DistributedModelForCausalLM]:
+    model = DistributedModelForCausalLM.from_pretrained(
+        cluster.model_path,
+        [cluster.initial_peers],
+        codec=CodecId.NONE,
+        step_timeout_s=3.0,
+        refresh_s=1.0,
+        ban_base_s=2.0,
+        max_failovers=4,
+    )
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def prompt_and_expected(model: DistributedModelForCausalLM, cluster: Cluster) -> tuple[torch.Tensor, torch.Tensor]:
+    from transformers import AutoTokenizer
+
+    input_ids = AutoTokenizer.from_pretrained(str(cluster.model_path))(PROMPT, return_tensors="pt").input_ids
+    return input_ids, model.generate(input_ids, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+
+
+class Trigger:
+    """A streamer that strikes one peer of the session's current route when the chosen step is reached."""
+
+    def __init__(self, model, step: int, strike, rng: random.Random) -> None:
+        self.model, self.step, self.strike, self.rng = model, step, strike, rng
+        self.count, self.struck = -1, None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.count += 1  # the first put is the prompt
+        if self.count == self.step:
+            self.struck = self.rng.choice(self.model.active_session.session.route).peer_id
+            self.strike(self.struck)
+
+    def end(self) -> None:
+        pass
+
+
+def run_trials(model, cluster: Cluster, prompt_and_expected, strike, recover) -> None:
+    input_ids, expected = prompt_and_expected
+    rng = random.Random(1234)
+    for trial in range(TRIALS):
+        trigger = Trigger(model, rng.randrange(1, NEW_TOKENS - 1), strike, rng)
+        with model.inference_session(max_length=input_ids.shape[1] + NEW_TOKENS + 1) as session:
+            output = model.generate(input_ids, max_new_tokens=NEW_TOKENS, eos_token_id=[], streamer=trigger)
+            failovers = session.session.failovers
+        assert trigger.struck is not None, f"trial {trial}: nothing was struck"
+        assert torch.equal(output, expected), f"trial {trial}: striking {trigger.struck} changed the output"
+        assert failovers >= 1, f"trial {trial}: the session never moved off {trigger.struck}"
+        recover(cluster.slot_of(trigger.struck))
+        cluster.wait_all_online()
+
+
+def test_sigkill_of_a_random_peer_at_a_random_step(model, cluster, prompt_and_expected) -> None:
+    def strike(peer_id: str) -> None:
+        os.kill(cluster.peers[cluster.slot_of(peer_id)].actor_pid, signal.SIGKILL)
+
+    def recover(slot: str) -> None:  # Ray restarts the actor and the daemon says so
+        pid = cluster.peers[slot].daemon.wait_for(r"stage actor restarted by Ray .*pid (\d+)", 120).group(1)
+        cluster.peers[slot].actor_pid = int(pid)
+
+    run_trials(model, cluster, prompt_and_expected, strike, recover)
+
+
+def test_sigterm_of_a_random_peer_at_a_random_step(model, cluster, prompt_and_expected) -> None:
+    def strike(peer_id: str) -> None:
+        cluster.peers[cluster.slot_of(peer_id)].daemon.process.send_signal(signal.SIGTERM)
+
+    def recover(slot: str) -> None:  # the preempted peer drains and exits 0; a fresh one joins in its place
+        assert cluster.peers[slot].daemon.process.wait(60) == 0
+        cluster.start(slot)
+        cluster.wait_serving(slot)
+
+    run_trials(model, cluster, prompt_and_expected, strike, recover)
+
+
+def test_a_peer_that_stops_answering_at_a_random_step(model, cluster, prompt_and_expected) -> None:
+    def strike(peer_id: str) -> None:
+        os.kill(cluster.peers[cluster.slot_of(peer_id)].actor_pid, signal.SIGSTOP)
+
+    def recover(slot: str) -> None:
+        os.kill(cluster.peers[slot].actor_pid, signal.SIGCONT)
+
+    run_trials(model, cluster, prompt_and_expected, strike, recover)
