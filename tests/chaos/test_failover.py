@@ -143,7 +143,7 @@ class Trigger:
         pass
 
 
-def run_trials(model, cluster: Cluster, prompt_and_expected, strike, recover) -> None:
+def run_trials(model, cluster: Cluster, prompt_and_expected, strike, recover, must_fail_over: bool = True) -> None:
     input_ids, expected = prompt_and_expected
     rng = random.Random(1234)
     for trial in range(TRIALS):
@@ -153,7 +153,7 @@ def run_trials(model, cluster: Cluster, prompt_and_expected, strike, recover) ->
             failovers = session.session.failovers
         assert trigger.struck is not None, f"trial {trial}: nothing was struck"
         assert torch.equal(output, expected), f"trial {trial}: striking {trigger.struck} changed the output"
-        assert failovers >= 1, f"trial {trial}: the session never moved off {trigger.struck}"
+        assert failovers >= 1 or not must_fail_over, f"trial {trial}: the session never moved off {trigger.struck}"
         recover(cluster.slot_of(trigger.struck))
         cluster.wait_all_online()
 
@@ -178,7 +178,9 @@ def test_sigterm_of_a_random_peer_at_a_random_step(model, cluster, prompt_and_ex
         cluster.start(slot)
         cluster.wait_serving(slot)
 
-    run_trials(model, cluster, prompt_and_expected, strike, recover)
+    # A draining peer finishes in-flight work within its grace period (0.3 s here), so a session either ends on it
+    # or is cut and fails over; either way the output must not change.
+    run_trials(model, cluster, prompt_and_expected, strike, recover, must_fail_over=False)
 
 
 def test_a_peer_that_stops_answering_at_a_random_step(model, cluster, prompt_and_expected) -> None:
