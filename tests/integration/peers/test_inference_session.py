@@ -138,3 +138,20 @@ def test_a_peer_dying_mid_session_is_replaced_and_outputs_do_not_change(replicas
         assert session.failovers >= 1
         assert session.route[victim].peer_id == peer_servers[victim].service.config.peer_id
     assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-3
+
+
+def test_concurrent_sessions_spread_over_replicas(replicas, peer_servers) -> None:
+    """2 replicas per span, 8 sessions from one client at once: no replica holds more than twice another's."""
+    servers = [*peer_servers, *replicas]
+    peers = [info(s) for s in servers]
+    router = MinLatencyRouter()
+    sessions = [InferenceSession(router, lambda fresh=False: peers, EVERYTHING, 1, 16, CodecId.NONE) for _ in range(8)]
+    try:
+        for session in sessions:
+            session.step(torch.randn(1, 2, 576))  # every session is now open on its peers
+        for start in (0, 15):
+            counts = [s.pool.open_sessions for s in servers if s.backend.span.start == start]
+            assert sum(counts) == 8 and max(counts) <= 2 * min(counts), counts
+    finally:
+        for session in sessions:
+            session.close()
