@@ -2,7 +2,8 @@
 
 model.py: DistributedModelForCausalLM (Hugging Face-style); generate.py: the decoding loop; sequential.py:
 RemoteSequential (forward/backward through the swarm, in autograd); session.py: SpanSession (one inference stream
-to one peer) and InferenceSession (a route across the model with failover and replay).
+to one peer) and InferenceSession (a route across the model with failover and replay); view.py: SwarmView (the
+registry's peers, refreshed in the background, and measured RTTs).
 """
 
 from __future__ import annotations

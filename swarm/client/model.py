@@ -15,11 +15,11 @@ import torch
 from swarm.client.generate import GenerationParams, decode_loop
 from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
+from swarm.client.view import SwarmView
 from swarm.config import ClientConfig
 from swarm.errors import InvalidRequest
 from swarm.partition import load_client_head, open_checkpoint
 from swarm.registry import Registry
-from swarm.registry.view import SwarmView
 from swarm.router import Bans, MinLatencyRouter, WiringRouter
 from swarm.types import Span
 
@@ -79,7 +79,7 @@ class DistributedModelForCausalLM:
         self.head = load_client_head(path)
         self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True)
         self.view = SwarmView(self.registry, config.model_name or Path(path).name, config.refresh_s)
-        self.router = MinLatencyRouter(bans=Bans(config.ban_base_s, config.ban_max_s))
+        self.router = MinLatencyRouter(rtt_s=self.view.rtt_s, bans=Bans(config.ban_base_s, config.ban_max_s))
         self.blocks = RemoteSequential(
             WiringRouter(bans=self.router.bans),
             self.view.peers,

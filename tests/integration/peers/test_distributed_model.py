@@ -163,3 +163,12 @@ def test_8bit_activations_keep_next_token_agreement_and_perplexity(smollm2_path:
     print(f"agreement={agreement:.4f} perplexity={perplexity}")
     assert agreement >= 0.99
     assert abs(perplexity["remote"] / perplexity["local"] - 1) <= 0.01
+
+
+def test_the_view_measures_round_trip_times_for_the_router(model) -> None:
+    from swarm.client.view import UNMEASURED_RTT_S
+
+    model.view.measure_rtt()
+    rtts = [model.view.rtt_s(peer.peer_id) for peer in model.view.peers()]
+    assert len(rtts) == 2 and all(0 < rtt < 1.0 and rtt != UNMEASURED_RTT_S for rtt in rtts)
+    assert model.router.rtt_s == model.view.rtt_s
