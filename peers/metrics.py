@@ -25,6 +25,9 @@ class PeerMetrics:
         self.bytes = Counter(
             "swarm_tensor_bytes", "Tensor bytes, raw (in memory) and on the wire", ["direction", "kind"], **labels
         )
+        self.steps = Counter(
+            "swarm_inference_steps", "Inference steps run, by who sent them (client or push)", ["source"], **labels
+        )
         self.queue_length = Gauge("swarm_queue_length", "Tasks waiting for compute", **labels)
         self.cache_tokens_in_use = Gauge("swarm_cache_tokens_in_use", "KV-cache tokens reserved", **labels)
         self.cache_tokens_total = Gauge("swarm_cache_tokens_total", "KV-cache pool size in tokens", **labels)

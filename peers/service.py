@@ -18,6 +18,7 @@ import torch
 from peers.backend import ForwardJob, SpanBackend
 from peers.kv_cache import CachePool
 from peers.metrics import PeerMetrics
+from peers.push import Inbox, Inboxes, Pusher
 from peers.scheduler import Scheduler, TaskKind
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
@@ -95,6 +96,8 @@ class PeerService(pb_grpc.PeerServicer):
         self.backend, self.scheduler, self.pool, self.config = backend, scheduler, pool, config
         self.metrics = metrics
         self.state: int = pb.PEER_STATE_JOINING
+        self.inboxes = Inboxes()
+        self.pusher = Pusher(config.max_message_bytes)
 
     # ---- stateless compute ----
 
@@ -153,10 +156,19 @@ class PeerService(pb_grpc.PeerServicer):
         if opening is None or opening.WhichOneof("kind") != "open":
             raise InvalidRequest("an inference stream must start with an `open` message")
         session_id, blocks, choice = self._open_session(opening.open)
+        inbox = Inbox(requests)
+        self.inboxes.add(session_id, inbox)
         try:
-            yield from self._serve_steps(session_id, blocks, choice, requests)
+            yield from self._serve_steps(session_id, blocks, choice, inbox)
         finally:
+            self.inboxes.remove(session_id)
             self.pool.release(session_id)
+
+    @_answers_errors
+    def Push(self, request: pb.PushRequest, context: grpc.ServicerContext) -> pb.PushResponse:
+        _check_version(request.protocol_version)
+        self.inboxes.deliver(request.session_id, request.step)
+        return pb.PushResponse()
 
     def _open_session(self, opening: pb.InferenceOpen) -> tuple[str, range, pb.CodecChoice]:
         _check_version(opening.protocol_version)
@@ -177,26 +189,32 @@ class PeerService(pb_grpc.PeerServicer):
         return opening.session_id, blocks, self._response_codec(opening.response_codec, None)
 
     def _serve_steps(
-        self, session_id: str, blocks: range, choice: pb.CodecChoice, requests: Iterator[pb.InferenceRequest]
+        self, session_id: str, blocks: range, choice: pb.CodecChoice, inbox: Inbox
     ) -> Iterator[pb.InferenceResponse]:
         cache = self.pool.get(session_id)
-        chunks: list[pb.Tensor] = []
-        for request in requests:
-            if request.WhichOneof("kind") != "step":
-                raise InvalidRequest("after `open`, an inference stream carries only `step` messages")
-            step = request.step
-            chunks.append(step.hidden_states)
-            if len(chunks) < max(step.hidden_states.num_chunks, 1):
+        chunks: dict[int, list[pb.Tensor]] = {}
+        done: set[int] = set()  # at most one per token of the session
+        for source, step in inbox:
+            parts = chunks.setdefault(step.step_id, [])
+            parts.append(step.hidden_states)
+            if len(parts) < max(step.hidden_states.num_chunks, 1):
                 continue
-            hidden = self._decode_checked(join(chunks), "hidden_states")
-            chunks = []
+            del chunks[step.step_id]
+            if step.step_id in done:
+                continue  # already run: pushed by the previous peer and then sent by the client too
+            self.metrics.steps.labels(source=source).inc()
+            hidden = self._decode_checked(join(parts), "hidden_states")
             started = time.perf_counter()
             payload = (cache, hidden, int(step.position), blocks)
             output = self.scheduler.submit(TaskKind.INFERENCE, payload, tokens=hidden.shape[0] * hidden.shape[1])
-            output = output.result()
+            encoded = self._encode(output.result(), choice)
             self.metrics.latency.labels(rpc="Inference").observe(time.perf_counter() - started)
-            for chunk in split(self._encode(output, choice), self.config.max_message_bytes):
-                yield pb.InferenceResponse(step_id=step.step_id, position=cache.length, hidden_states=chunk)
+            done.add(step.step_id)
+            pushed = self.pusher.push(list(step.push_to), step.step_id, step.position, encoded)
+            for chunk in split(encoded, self.config.max_message_bytes):
+                yield pb.InferenceResponse(
+                    step_id=step.step_id, position=cache.length, hidden_states=chunk, pushed=pushed
+                )
 
     # ---- info and health ----
 

@@ -17,3 +17,4 @@ class ClientConfig:
     ban_base_s: float = 1.0  # first ban of a failed peer; doubles with each failure in a row
     ban_max_s: float = 60.0
     dht_host: str = "127.0.0.1"  # address of the client's own (client-mode) DHT node
+    push: bool = True  # peers forward each step's output to the next peer themselves (server-to-server push)

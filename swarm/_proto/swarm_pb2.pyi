@@ -169,15 +169,25 @@ class InferenceOpen(_message.Message):
     response_codec: CodecChoice
     def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., session_id: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_length: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ...) -> None: ...
 
+class PushTarget(_message.Message):
+    __slots__ = ("address", "session_id")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    session_id: str
+    def __init__(self, address: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
 class InferenceStep(_message.Message):
-    __slots__ = ("step_id", "position", "hidden_states")
+    __slots__ = ("step_id", "position", "hidden_states", "push_to")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    PUSH_TO_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     position: int
     hidden_states: Tensor
-    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    push_to: _containers.RepeatedCompositeFieldContainer[PushTarget]
+    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., push_to: _Optional[_Iterable[_Union[PushTarget, _Mapping]]] = ...) -> None: ...
 
 class InferenceRequest(_message.Message):
     __slots__ = ("open", "step")
@@ -188,14 +198,30 @@ class InferenceRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[InferenceOpen, _Mapping]] = ..., step: _Optional[_Union[InferenceStep, _Mapping]] = ...) -> None: ...
 
 class InferenceResponse(_message.Message):
-    __slots__ = ("step_id", "position", "hidden_states")
+    __slots__ = ("step_id", "position", "hidden_states", "pushed")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     position: int
     hidden_states: Tensor
-    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    pushed: bool
+    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., pushed: _Optional[bool] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("protocol_version", "session_id", "step")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    session_id: str
+    step: InferenceStep
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., session_id: _Optional[str] = ..., step: _Optional[_Union[InferenceStep, _Mapping]] = ...) -> None: ...
+
+class PushResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -61,6 +61,11 @@ class PeerStub:
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.InferenceRequest.SerializeToString,
                 response_deserializer=swarm_dot___proto_dot_swarm__pb2.InferenceResponse.FromString,
                 _registered_method=True)
+        self.Push = channel.unary_unary(
+                '/rayswarm.v1.Peer/Push',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.PushRequest.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.PushResponse.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/rayswarm.v1.Peer/Info',
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.InfoRequest.SerializeToString,
@@ -108,6 +113,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Push(self, request, context):
+        """NOT_FOUND for a session this peer does not hold
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Info(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -147,6 +159,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Inference,
                     request_deserializer=swarm_dot___proto_dot_swarm__pb2.InferenceRequest.FromString,
                     response_serializer=swarm_dot___proto_dot_swarm__pb2.InferenceResponse.SerializeToString,
+            ),
+            'Push': grpc.unary_unary_rpc_method_handler(
+                    servicer.Push,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.PushRequest.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.PushResponse.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
@@ -296,6 +313,33 @@ class Peer:
             '/rayswarm.v1.Peer/Inference',
             swarm_dot___proto_dot_swarm__pb2.InferenceRequest.SerializeToString,
             swarm_dot___proto_dot_swarm__pb2.InferenceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Push(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rayswarm.v1.Peer/Push',
+            swarm_dot___proto_dot_swarm__pb2.PushRequest.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.PushResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,7 @@ class ModelSession:
             model.client_config.codec,
             model.client_config.step_timeout_s,
             model.client_config.max_failovers,
+            model.client_config.push,
         )
         self.tokens = torch.zeros(batch_size, 0, dtype=torch.long)  # every token the peers have seen
         self.pending = torch.zeros(batch_size, 0, dtype=torch.long)  # generated last turn, not fed yet

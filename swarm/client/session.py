@@ -32,17 +32,19 @@ _CLOSED = object()
 
 
 class SpanSession:
-    """One peer, one span, one KV cache. `step` sends new tokens' hidden states and returns the span's output."""
+    """One peer, one span, one KV cache. `send` a step, then `receive` the span's output for it; the output may
+    also come from a step the previous peer pushed here."""
 
     def __init__(self, hop: Hop, batch_size: int, max_length: int, codec: CodecId, step_timeout_s: float) -> None:
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
+        self.session_id = uuid.uuid4().hex
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         self._channel = grpc.insecure_channel(hop.address, options=options)
         self._requests: queue.Queue[pb.InferenceRequest | None] = queue.Queue()
         self._responses: queue.Queue[object] = queue.Queue()
         opening = pb.InferenceOpen(
             protocol_version=pb.PROTOCOL_VERSION_CURRENT,
-            session_id=uuid.uuid4().hex,
+            session_id=self.session_id,
             start_block=hop.span.start,
             end_block=hop.span.end,
             batch_size=batch_size,
@@ -52,7 +54,10 @@ class SpanSession:
         self._requests.put(pb.InferenceRequest(open=opening))
         self._call = pb_grpc.PeerStub(self._channel).Inference(iter(self._requests.get, None))
         threading.Thread(target=self._read, name=f"session-{hop.address}", daemon=True).start()
-        self._step_id = 0
+
+    @property
+    def target(self) -> pb.PushTarget:
+        return pb.PushTarget(address=self.hop.address, session_id=self.session_id)
 
     def _read(self) -> None:
         try:
@@ -62,21 +67,30 @@ class SpanSession:
             self._responses.put(error)
         self._responses.put(_CLOSED)
 
-    def step(self, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """hidden [batch, new_tokens, hidden] at `position` -> the span's output, same shape.
+    def send(self, hidden: torch.Tensor, position: int, step_id: int, push_to: Sequence[pb.PushTarget] = ()) -> None:
+        """Send new tokens' hidden states [batch, new_tokens, hidden] at `position` as step `step_id`."""
+        for chunk in split(encode(hidden, self.codec), MAX_MESSAGE_BYTES):
+            step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=chunk, push_to=push_to)
+            self._requests.put(pb.InferenceRequest(step=step))
+
+    def receive(self, step_id: int) -> tuple[torch.Tensor, bool]:
+        """The output of step `step_id` and whether the peer pushed it on to the next one.
 
         Raises:
             DeadlineExceeded: no answer within step_timeout_s (the stream is cancelled).
             SwarmError subclasses mapped from the peer's gRPC status (swarm/errors.py).
         """
-        self._step_id += 1
-        for chunk in split(encode(hidden, self.codec), MAX_MESSAGE_BYTES):
-            step = pb.InferenceStep(step_id=self._step_id, position=position, hidden_states=chunk)
-            self._requests.put(pb.InferenceRequest(step=step))
-        chunks = [self._next_response().hidden_states]
-        while len(chunks) < max(chunks[0].num_chunks, 1):
+        first = self._next_response()
+        while first.step_id != step_id:  # a late answer to a step we had already given up on
+            first = self._next_response()
+        chunks = [first.hidden_states]
+        while len(chunks) < max(first.hidden_states.num_chunks, 1):
             chunks.append(self._next_response().hidden_states)
-        return decode(join(chunks))
+        return decode(join(chunks)), first.pushed
+
+    def step(self, hidden: torch.Tensor, position: int, step_id: int) -> torch.Tensor:
+        self.send(hidden, position, step_id)
+        return self.receive(step_id)[0]
 
     def _next_response(self) -> pb.InferenceResponse:
         try:
@@ -126,11 +140,13 @@ class InferenceSession:
         codec: CodecId,
         step_timeout_s: float = 30.0,
         max_failovers: int = 8,
+        push: bool = True,
     ) -> None:
         self.router, self.peers, self.codec = router, peers, codec
         self.batch_size, self.max_length = batch_size, max_length
-        self.step_timeout_s, self.max_failovers = step_timeout_s, max_failovers
+        self.step_timeout_s, self.max_failovers, self.push = step_timeout_s, max_failovers, push
         self.position = 0
+        self._step_id = 0
         self.failovers = 0
         self._hops = self._open(need, inputs=[])
 
@@ -139,22 +155,38 @@ class InferenceSession:
         return tuple(state.hop for state in self._hops)
 
     def step(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last output."""
-        index = 0
+        """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last output.
+
+        With push, the client sends the step to the first hop only, and each peer forwards its output to the next;
+        the client still reads every hop's output (it is the next hop's replay history) and sends a step itself
+        where a push did not happen.
+        """
+        step_id = self._next_step_id()
+        index, must_send = 0, True
         while index < len(self._hops):
             state = self._hops[index]
             try:
-                output = state.session.step(hidden, self.position)
+                if must_send:
+                    state.session.send(hidden, self.position, step_id, self._push_targets(index + 1))
+                output, pushed = state.session.receive(step_id)
             except InvalidRequest:
                 raise  # a bug or a limit: no other peer would answer differently
             except SwarmError as error:
                 self._fail_over(index, error)
+                must_send = True
                 continue  # the same index now holds the replacement's first hop
             state.inputs.append(hidden)
             self.router.bans.forgive(state.hop.peer_id)
-            hidden, index = output, index + 1
+            hidden, index, must_send = output, index + 1, not pushed
         self.position += hidden.shape[1]
         return hidden
+
+    def _next_step_id(self) -> int:
+        self._step_id += 1
+        return self._step_id
+
+    def _push_targets(self, first: int) -> list[pb.PushTarget]:
+        return [state.session.target for state in self._hops[first:]] if self.push else []
 
     def _fail_over(self, index: int, error: SwarmError) -> None:
         failed = self._hops[index]
@@ -191,7 +223,7 @@ class InferenceSession:
                 break
             state.inputs.append(history)
             try:
-                history = state.session.step(history, 0)  # rebuilds this hop's KV cache
+                history = state.session.step(history, 0, self._next_step_id())  # rebuilds this hop's KV cache
             except InvalidRequest:
                 raise
             except SwarmError as error:

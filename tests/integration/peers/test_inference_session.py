@@ -155,3 +155,39 @@ def test_concurrent_sessions_spread_over_replicas(replicas, peer_servers) -> Non
     finally:
         for session in sessions:
             session.close()
+
+
+def steps_by_source(server: PeerServer, source: str) -> float:
+    value = server.metrics.registry.get_sample_value("swarm_inference_steps_total", {"source": source})
+    return value or 0.0
+
+
+@pytest.mark.parametrize("push", [True, False])
+def test_server_to_server_push_carries_steps_past_the_client(peer_servers, push: bool) -> None:
+    """With push, the client sends each step to the first peer only; the second peer gets it from the first."""
+    peers = [info(s) for s in peer_servers]
+    before = {source: steps_by_source(peer_servers[1], source) for source in ("push", "client")}
+    tokens = torch.randn(1, 6, 576, generator=torch.Generator().manual_seed(11))
+    expected = local_chain([s.backend.span for s in peer_servers], tokens, [2, 1, 1, 1, 1])
+    with InferenceSession(
+        MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 16, CodecId.NONE, push=push
+    ) as session:
+        got = [session.step(tokens[:, session.position : session.position + n]) for n in (2, 1, 1, 1, 1)]
+    assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-4
+    pushed = steps_by_source(peer_servers[1], "push") - before["push"]
+    sent = steps_by_source(peer_servers[1], "client") - before["client"]
+    assert (pushed, sent) == ((5, 0) if push else (0, 5))
+
+
+def test_a_push_to_an_unknown_session_is_not_found(stubs) -> None:
+    import grpc
+
+    from swarm._proto import swarm_pb2 as pb
+    from swarm.codec import encode
+
+    step = pb.InferenceStep(step_id=1, position=0, hidden_states=encode(torch.randn(1, 1, 576), CodecId.NONE))
+    request = pb.PushRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, session_id="no-such-session", step=step)
+    with pytest.raises(grpc.RpcError) as caught:
+        stubs[1].Push(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "no-such-session" in caught.value.details()
