@@ -11,25 +11,16 @@ import torch
 from peers.server import PeerServer
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.registry import Announcer, Registry
-from swarm.types import PeerInfo, PeerState, Span
+from swarm.types import PeerInfo
+
+from .wire import peer_info
 
 PROMPT = "The old stone bridge at the edge of the market town"
 
 
 def announce(server: PeerServer, registry: Registry) -> Announcer:
-    span = server.backend.span
-
     def describe() -> PeerInfo:
-        return PeerInfo(
-            server.service.config.peer_id,
-            server.address,
-            Span(span.start, span.end),
-            PeerState.ONLINE,
-            inference_steps_per_s=10.0,
-            cache_tokens_free=server.pool.tokens_free,
-            model="smollm2-135m",
-            total_blocks=30,
-        )
+        return peer_info(server, model="smollm2-135m", total_blocks=30, cache_tokens_free=server.pool.tokens_free)
 
     announcer = Announcer(registry, describe, period_s=5, ttl_s=30)
     announcer.start()

@@ -17,23 +17,12 @@ from swarm.codec import CodecId
 from swarm.errors import InvalidRequest, MissingBlocks
 from swarm.partition import load_span
 from swarm.router import MinLatencyRouter
-from swarm.types import PeerInfo, PeerState, Span
+from swarm.types import Span
 
 from .test_peer_rpc import forward
+from .wire import peer_info
 
 EVERYTHING = Span(0, 30)
-
-
-def info(server: PeerServer) -> PeerInfo:
-    span = server.backend.span
-    return PeerInfo(
-        server.service.config.peer_id,
-        server.address,
-        Span(span.start, span.end),
-        PeerState.ONLINE,
-        inference_steps_per_s=10.0,
-        cache_tokens_free=server.pool.tokens_free,
-    )
 
 
 @torch.inference_mode()
@@ -53,7 +42,7 @@ def run_session(servers: list[PeerServer], seed: int, steps=(5, 1, 1, 1), on_ste
     tokens = torch.randn(2, sum(steps), 576, generator=torch.Generator().manual_seed(seed))
     spans = [servers[0].backend.span, servers[1].backend.span]
     expected = local_chain(spans, tokens, list(steps))
-    peers = [info(s) for s in servers]
+    peers = [peer_info(s) for s in servers]
     with InferenceSession(
         MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 2, 64, CodecId.NONE, step_timeout_s=20
     ) as s:
@@ -86,7 +75,7 @@ def test_concurrent_sessions_and_forwards_all_get_their_own_results(peer_servers
 
 
 def test_peer_errors_reach_the_client_as_typed_errors(peer_servers) -> None:
-    peers = [info(s) for s in peer_servers]
+    peers = [peer_info(s) for s in peer_servers]
     with InferenceSession(
         MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 4, CodecId.INT8_HADAMARD
     ) as session:
@@ -96,7 +85,7 @@ def test_peer_errors_reach_the_client_as_typed_errors(peer_servers) -> None:
 
 
 def test_missing_blocks_are_named(peer_servers) -> None:
-    peers = [info(peer_servers[0])]
+    peers = [peer_info(peer_servers[0])]
     with pytest.raises(MissingBlocks, match="blocks 15-29"):
         InferenceSession(
             MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 4, CodecId.NONE, step_timeout_s=1
@@ -123,8 +112,8 @@ def test_a_peer_dying_mid_session_is_replaced_and_outputs_do_not_change(replicas
     tokens = torch.randn(1, 9, 576, generator=torch.Generator().manual_seed(7))
     steps = [5, 1, 1, 1, 1]
     expected = local_chain([peer_servers[0].backend.span, peer_servers[1].backend.span], tokens, steps)
-    fast = [info(s) for s in replicas]
-    slow = [dataclasses.replace(info(s), inference_steps_per_s=0.5) for s in peer_servers]
+    fast = [peer_info(s) for s in replicas]
+    slow = [dataclasses.replace(peer_info(s), inference_steps_per_s=0.5) for s in peer_servers]
     router = MinLatencyRouter()
     with InferenceSession(
         router, lambda fresh=False: fast + slow, EVERYTHING, 1, 64, CodecId.NONE, step_timeout_s=20
@@ -143,7 +132,7 @@ def test_a_peer_dying_mid_session_is_replaced_and_outputs_do_not_change(replicas
 def test_concurrent_sessions_spread_over_replicas(replicas, peer_servers) -> None:
     """2 replicas per span, 8 sessions from one client at once: no replica holds more than twice another's."""
     servers = [*peer_servers, *replicas]
-    peers = [info(s) for s in servers]
+    peers = [peer_info(s) for s in servers]
     router = MinLatencyRouter()
     sessions = [InferenceSession(router, lambda fresh=False: peers, EVERYTHING, 1, 16, CodecId.NONE) for _ in range(8)]
     try:
@@ -165,7 +154,7 @@ def steps_by_source(server: PeerServer, source: str) -> float:
 @pytest.mark.parametrize("push", [True, False])
 def test_server_to_server_push_carries_steps_past_the_client(peer_servers, push: bool) -> None:
     """With push, the client sends each step to the first peer only; the second peer gets it from the first."""
-    peers = [info(s) for s in peer_servers]
+    peers = [peer_info(s) for s in peer_servers]
     before = {source: steps_by_source(peer_servers[1], source) for source in ("push", "client")}
     tokens = torch.randn(1, 6, 576, generator=torch.Generator().manual_seed(11))
     expected = local_chain([s.backend.span for s in peer_servers], tokens, [2, 1, 1, 1, 1])

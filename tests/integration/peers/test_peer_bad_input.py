@@ -13,6 +13,8 @@ import torch
 from swarm._proto import swarm_pb2 as pb
 from swarm.codec import CodecId, encode
 
+from .wire import session_requests
+
 V = pb.PROTOCOL_VERSION_CURRENT
 INVALID, EXHAUSTED, NOT_FOUND = (
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -99,19 +101,7 @@ def test_bad_backward_gradient_shape_is_refused(stubs) -> None:
 
 
 def session(session_id: str, steps: list[tuple[int, torch.Tensor]], max_length: int = 8, batch_size: int = 1):
-    yield pb.InferenceRequest(
-        open=pb.InferenceOpen(
-            protocol_version=V,
-            session_id=session_id,
-            start_block=0,
-            end_block=15,
-            batch_size=batch_size,
-            max_length=max_length,
-        )
-    )
-    for step_id, (position, hidden) in enumerate(steps):
-        step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=encode(hidden, CodecId.NONE))
-        yield pb.InferenceRequest(step=step)
+    return session_requests(session_id, steps, max_length=max_length, batch_size=batch_size)
 
 
 INFERENCE_CASES = {

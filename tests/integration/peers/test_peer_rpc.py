@@ -12,6 +12,8 @@ from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, get_codec, join, split
 
+from .wire import session_requests
+
 V = pb.PROTOCOL_VERSION_CURRENT
 NONE = pb.CodecChoice(codec=pb.CODEC_NONE)
 
@@ -101,21 +103,7 @@ def test_a_sub_range_of_the_span_can_be_requested(stubs, peer_servers, hidden) -
 
 
 def inference_requests(session_id: str, steps: list[tuple[int, torch.Tensor]], max_length: int = 32):
-    yield pb.InferenceRequest(
-        open=pb.InferenceOpen(
-            protocol_version=V,
-            session_id=session_id,
-            start_block=0,
-            end_block=15,
-            batch_size=1,
-            max_length=max_length,
-            response_codec=NONE,
-        )
-    )
-    for step_id, (position, hidden) in enumerate(steps):
-        yield pb.InferenceRequest(
-            step=pb.InferenceStep(step_id=step_id, position=position, hidden_states=encode(hidden, CodecId.NONE))
-        )
+    return session_requests(session_id, steps, max_length=max_length, response_codec=NONE)
 
 
 @torch.inference_mode()
