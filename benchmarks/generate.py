@@ -9,6 +9,7 @@ uncompressed (codec NONE) unless --codec says otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -89,22 +90,12 @@ def failover_recovery_ms(model, swarm, input_ids: torch.Tensor, new_tokens: int)
     return max(steps[victim_step - 1 : victim_step + 1]) - statistics.median(steps)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--codec", default="NONE")
-    ns = parser.parse_args(argv)
-    torch.set_num_threads(os.cpu_count() or 1)
-    from transformers import AutoTokenizer
-
+def measure_swarm(ns: argparse.Namespace, input_ids: torch.Tensor) -> tuple[dict, float]:
     from peers.daemon import PeerDaemon
     from peers.local_swarm import LocalSwarm
     from swarm.client import DistributedModelForCausalLM
     from swarm.codec import CodecId
 
-    input_ids = AutoTokenizer.from_pretrained(str(ns.model))(PROMPT, return_tensors="pt").input_ids[:, :16]
-    local = local_tokens_per_s(ns.model, input_ids, ns.new_tokens)
     swarm = LocalSwarm(ns.model, 2)
     spare = PeerDaemon(dataclasses.replace(swarm.config, blocks=(15, 30)), swarm.bootstrap)
     swarm.daemons.append(spare)
@@ -118,7 +109,24 @@ def main(argv: list[str] | None = None) -> int:
         model.close()
     finally:
         swarm.stop()
+    return run, recovery
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--codec", default="NONE")
+    ns = parser.parse_args(argv)
+    torch.set_num_threads(os.cpu_count() or 1)
+    from transformers import AutoTokenizer
+
+    input_ids = AutoTokenizer.from_pretrained(str(ns.model))(PROMPT, return_tensors="pt").input_ids[:, :16]
+    local = local_tokens_per_s(ns.model, input_ids, ns.new_tokens)
+    with contextlib.redirect_stdout(sys.stderr):  # Ray reports the killed worker on stdout; keep it for the JSON
+        run, recovery = measure_swarm(ns, input_ids)
     steps = sorted(run["steps_ms"])
+
     result = {
         "benchmark": "generate",
         "new_tokens": ns.new_tokens,
