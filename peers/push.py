@@ -88,6 +88,7 @@ class Pusher:
     def __init__(self, max_message_bytes: int) -> None:
         self.max_message_bytes = max_message_bytes
         self._stubs: dict[str, pb_grpc.PeerStub] = {}
+        self._channels: list[grpc.Channel] = []
         self._lock = threading.Lock()
 
     def push(self, targets: list[pb.PushTarget], step_id: int, position: int, output: pb.Tensor) -> bool:
@@ -107,5 +108,14 @@ class Pusher:
         with self._lock:
             if address not in self._stubs:
                 options = [("grpc.max_send_message_length", self.max_message_bytes)]
-                self._stubs[address] = pb_grpc.PeerStub(grpc.insecure_channel(address, options=options))
+                channel = grpc.insecure_channel(address, options=options)
+                self._channels.append(channel)
+                self._stubs[address] = pb_grpc.PeerStub(channel)
             return self._stubs[address]
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels:
+                channel.close()
+            self._channels.clear()
+            self._stubs.clear()

@@ -30,7 +30,7 @@ class TaskKind(enum.IntEnum):
 Handler = Callable[[list[Any]], list[Any]]  # payloads of one group -> one result per payload
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity equality: deque.remove must never compare payloads (tensors)
 class _Task:
     kind: TaskKind
     payload: Any
@@ -97,7 +97,13 @@ class Scheduler:
                 if self._closed and not any(self._queues.values()):
                     return
                 group = self._next_group()
-            self._execute(group)
+            try:
+                self._execute(group)
+            except BaseException as error:  # never let the worker die: fail this group and go on
+                logger.exception("scheduler worker caught an error")
+                for task in group:
+                    if not task.future.done():
+                        task.future.set_exception(error)
 
     def _next_group(self) -> list[_Task]:
         kind = next(k for k in TaskKind if self._queues[k])

@@ -23,6 +23,7 @@ from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.partition import BlockSpan
 
 SERVICE_NAME = "rayswarm.v1.Peer"
+RESERVED_RPC_THREADS = 8  # kept free of inference streams for Push, Forward, Info and Health
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,12 @@ class PeerServer:
             max_batch_tokens=config.max_batch_tokens,
         )
         service = ServiceConfig(
-            peer_id, model, span.cfg.num_layers, config.max_message_bytes, config.max_session_length
+            peer_id,
+            model,
+            span.cfg.num_layers,
+            config.max_message_bytes,
+            config.max_session_length,
+            max_sessions=max(1, config.rpc_threads - RESERVED_RPC_THREADS),
         )
         self.metrics = PeerMetrics(peer_id)
         self.service = PeerService(self.backend, self.scheduler, self.pool, service, self.metrics)
@@ -97,11 +103,16 @@ class PeerServer:
             time.sleep(0.05)
         remaining = max(deadline - time.monotonic(), 0.0)
         finished = self._server.stop(remaining).wait(remaining + 1.0)
+        settle = time.monotonic() + 1.0  # handlers release their sessions in `finally`, just after stop()
+        while self.pool.open_sessions and time.monotonic() < settle:
+            time.sleep(0.02)
+        self.service.pusher.close()
         return self.scheduler.close(timeout_s=1.0) and finished and not self.pool.open_sessions
 
     def stop(self) -> None:
         self._server.stop(0).wait(5.0)
         self.scheduler.close(timeout_s=5.0)
+        self.service.pusher.close()
 
     def _bind_gauges(self) -> None:
         m, meters = self.metrics, self.scheduler.meters

@@ -24,7 +24,7 @@ from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
 from swarm.codec.base import TORCH_TO_WIRE_DTYPE
-from swarm.errors import InvalidRequest, PeerUnavailable, status_for
+from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, status_for
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class ServiceConfig:
     num_blocks_total: int
     max_message_bytes: int  # largest message accepted or sent; bigger tensors travel on the *Stream RPCs
     max_session_length: int  # tokens per sequence an inference session may reserve
+    max_sessions: int  # open inference streams; each holds an RPC thread, so some threads stay free for the rest
 
 
 def _answers_errors(method: Callable) -> Callable:
@@ -181,27 +182,30 @@ class PeerService(pb_grpc.PeerServicer):
             )
         if opening.batch_size < 1:
             raise InvalidRequest(f"batch_size must be >= 1, got {opening.batch_size}")
+        choice = self._response_codec(opening.response_codec, None)  # before reserving anything
+        if self.pool.open_sessions >= self.config.max_sessions:
+            raise Overloaded(f"peer holds its maximum of {self.config.max_sessions} open sessions")
         tokens = opening.batch_size * opening.max_length
         span = self.backend.span
         self.pool.allocate(
             opening.session_id, tokens, lambda: span.new_cache(opening.batch_size, opening.max_length, blocks)
         )
-        return opening.session_id, blocks, self._response_codec(opening.response_codec, None)
+        return opening.session_id, blocks, choice
 
     def _serve_steps(
         self, session_id: str, blocks: range, choice: pb.CodecChoice, inbox: Inbox
     ) -> Iterator[pb.InferenceResponse]:
         cache = self.pool.get(session_id)
-        chunks: dict[int, list[pb.Tensor]] = {}
+        chunks: dict[tuple[str, int], list[pb.Tensor]] = {}
         done: set[int] = set()  # at most one per token of the session
         for source, step in inbox:
-            parts = chunks.setdefault(step.step_id, [])
+            if step.step_id in done:
+                continue  # already run: pushed by the previous peer and then sent by the client too
+            parts = chunks.setdefault((source, step.step_id), [])  # a pushed copy and the client's never mix
             parts.append(step.hidden_states)
             if len(parts) < max(step.hidden_states.num_chunks, 1):
                 continue
-            del chunks[step.step_id]
-            if step.step_id in done:
-                continue  # already run: pushed by the previous peer and then sent by the client too
+            del chunks[(source, step.step_id)]
             self.metrics.steps.labels(source=source).inc()
             hidden = self._decode_checked(join(parts), "hidden_states")
             started = time.perf_counter()

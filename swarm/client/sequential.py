@@ -18,7 +18,7 @@ import torch
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, join, split
-from swarm.errors import InvalidRequest, PeerUnavailable, SwarmError, error_for
+from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, SwarmError, error_for
 from swarm.router import Router
 from swarm.types import Hop, PeerInfo, Span
 
@@ -130,7 +130,10 @@ class _Retries:
         if self.left <= 0:
             raise PeerUnavailable(f"blocks {hop.span} failed too often; last: {error}") from error
         self.left -= 1
-        router.bans.ban(hop.peer_id)
+        if isinstance(error, Overloaded):  # alive but full: step aside briefly, no escalating ban
+            router.bans.pause(hop.peer_id, 2.0)
+        else:
+            router.bans.ban(hop.peer_id)
         logger.warning("peer=%s span=%s failed (%s); routing the span again", hop.peer_id, hop.span, error)
 
 

@@ -21,13 +21,24 @@ import torch
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, join, split
-from swarm.errors import DeadlineExceeded, InvalidRequest, MissingBlocks, PeerUnavailable, SwarmError, error_for
+from swarm.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    MissingBlocks,
+    Overloaded,
+    PeerUnavailable,
+    SwarmError,
+    error_for,
+)
 from swarm.router import Router
 from swarm.types import Hop, PeerInfo, Route, Span
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 4 << 20
+MAX_MESSAGE_BYTES = 4 << 20  # what the client sends in one message; bigger tensors go in chunks
+MAX_RECEIVE_BYTES = 64 << 20  # accept whatever a peer configured above the default sends
+REPLAY_TOKENS = 1024  # batch x tokens per replay step: well under a peer's default max_request_tokens (8192)
+OVERLOADED_PAUSE_S = 2.0
 _CLOSED = object()
 
 
@@ -38,7 +49,7 @@ class SpanSession:
     def __init__(self, hop: Hop, batch_size: int, max_length: int, codec: CodecId, step_timeout_s: float) -> None:
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
         self.session_id = uuid.uuid4().hex
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
         self._channel = grpc.insecure_channel(hop.address, options=options)
         self._requests: queue.Queue[pb.InferenceRequest | None] = queue.Queue()
         self._responses: queue.Queue[object] = queue.Queue()
@@ -163,6 +174,7 @@ class InferenceSession:
         """
         step_id = self._next_step_id()
         index, must_send = 0, True
+        staged: list[tuple[_HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
         while index < len(self._hops):
             state = self._hops[index]
             try:
@@ -175,9 +187,11 @@ class InferenceSession:
                 self._fail_over(index, error)
                 must_send = True
                 continue  # the same index now holds the replacement's first hop
-            state.inputs.append(hidden)
+            staged.append((state, hidden))
             self.router.bans.forgive(state.hop.peer_id)
             hidden, index, must_send = output, index + 1, not pushed
+        for state, inputs in staged:
+            state.inputs.append(inputs)
         self.position += hidden.shape[1]
         return hidden
 
@@ -189,49 +203,69 @@ class InferenceSession:
         return [state.session.target for state in self._hops[first:]] if self.push else []
 
     def _fail_over(self, index: int, error: SwarmError) -> None:
-        failed = self._hops[index]
-        self.failovers += 1
-        if self.failovers > self.max_failovers:
-            raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
-        backoff = self.router.bans.ban(failed.hop.peer_id)
-        logger.warning(
-            "peer=%s span=%s failed (%s); banned %.1f s, rerouting",
-            failed.hop.peer_id,
-            failed.hop.span,
-            error,
-            backoff,
-        )
+        """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing."""
+        failed = self._hops.pop(index)
         failed.session.close()
         self.router.release((failed.hop,), self._tokens)
-        self._hops[index : index + 1] = self._open(failed.hop.span, failed.inputs)
+        culprit = failed.hop.peer_id
+        while True:
+            self.failovers += 1
+            if self.failovers > self.max_failovers:
+                raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
+            if isinstance(error, Overloaded):  # alive but full: step aside for a moment, no escalating ban
+                backoff = self.router.bans.pause(culprit, OVERLOADED_PAUSE_S)
+            else:
+                backoff = self.router.bans.ban(culprit)
+            logger.warning("peer=%s failed (%s); avoided for %.1f s, rerouting", culprit, error, backoff)
+            try:
+                replacement = self._open(failed.hop.span, failed.inputs, fresh=True)
+            except _ReplayFailed as replay:
+                culprit, error = replay.peer_id, replay.error
+                continue
+            self._hops[index:index] = replacement
+            return
 
     @property
     def _tokens(self) -> int:
         return self.batch_size * self.max_length
 
-    def _open(self, need: Span, inputs: list[torch.Tensor]) -> list[_HopState]:
-        """Open sessions on a new route for `need`, replaying `inputs` (what the span had received) through it."""
-        route = self._choose(need, fresh=bool(inputs))
+    def _open(self, need: Span, inputs: list[torch.Tensor], fresh: bool = False) -> list[_HopState]:
+        """Open sessions on a new route for `need` and replay `inputs` (what the span had received) through it.
+
+        Raises:
+            _ReplayFailed: a peer of the new route failed during the replay (everything opened is closed again).
+        """
+        route = self._choose(need, fresh)
         self.router.acquire(route, self._tokens)
         states = [
             _HopState(hop, SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s))
             for hop in route
         ]
-        history = torch.cat(inputs, dim=1) if inputs else None
-        for state in states:
-            if history is None:
-                break
-            state.inputs.append(history)
-            try:
-                history = state.session.step(history, 0, self._next_step_id())  # rebuilds this hop's KV cache
-            except InvalidRequest:
-                raise
-            except SwarmError as error:
-                for opened in states:
-                    opened.session.close()
-                self.router.release(route, self._tokens)
+        state = states[0]
+        try:
+            history = torch.cat(inputs, dim=1) if inputs else None
+            for state in states:
+                if history is None:
+                    break
+                state.inputs.append(history)
+                history = self._replay(state, history)
+        except BaseException as error:
+            for opened in states:
+                opened.session.close()
+            self.router.release(route, self._tokens)
+            if isinstance(error, SwarmError) and not isinstance(error, InvalidRequest):
                 raise _ReplayFailed(state.hop.peer_id, error) from error
+            raise
         return states
+
+    def _replay(self, state: _HopState, history: torch.Tensor) -> torch.Tensor:
+        """Rebuild a fresh hop's KV cache from `history` [batch, tokens, hidden], in pieces a peer accepts."""
+        piece = max(1, REPLAY_TOKENS // history.shape[0])
+        outputs = [
+            state.session.step(history[:, start : start + piece], start, self._next_step_id())
+            for start in range(0, history.shape[1], piece)
+        ]
+        return torch.cat(outputs, dim=1)
 
     def _choose(self, need: Span, fresh: bool) -> Route:
         """A route for `need`; while some block has no usable peer (all banned, restarting), wait for one until the

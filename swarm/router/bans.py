@@ -31,6 +31,13 @@ class Bans:
             self._bans[peer_id] = _Ban(self.clock() + duration, failures)
             return duration
 
+    def pause(self, peer_id: str, seconds: float) -> float:
+        """Avoid a peer for `seconds` without counting a failure (it is alive but busy)."""
+        with self._lock:
+            previous = self._bans.get(peer_id)
+            self._bans[peer_id] = _Ban(self.clock() + seconds, previous.failures if previous else 0)
+            return seconds
+
     def forgive(self, peer_id: str) -> None:
         """A success resets the backoff."""
         with self._lock:

@@ -180,3 +180,33 @@ def test_a_push_to_an_unknown_session_is_not_found(stubs) -> None:
         stubs[1].Push(request, timeout=10)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert "no-such-session" in caught.value.details()
+
+
+def test_a_replacement_that_fails_during_replay_is_skipped_and_long_histories_replay_in_pieces(
+    replicas, peer_servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import swarm.client.session as session_module
+    from swarm.router import Bans
+
+    monkeypatch.setattr(session_module, "REPLAY_TOKENS", 3)  # a 6-token history replays in 2 pieces
+    tokens = torch.randn(1, 9, 576, generator=torch.Generator().manual_seed(5))
+    steps = [5, 1, 1, 1, 1]
+    expected = local_chain([peer_servers[0].backend.span, peer_servers[1].backend.span], tokens, steps)
+    fast = [peer_info(s) for s in replicas]
+    # Announced as the fastest replica of [0, 15), but nothing listens there: a replay to it fails.
+    ghost = dataclasses.replace(fast[0], peer_id="ghost", address="127.0.0.1:9", inference_steps_per_s=99)
+    slow = [dataclasses.replace(peer_info(s), inference_steps_per_s=0.5) for s in peer_servers]
+    now = [0.0]
+    router = MinLatencyRouter(bans=Bans(clock=lambda: now[0]))
+    router.bans.ban("ghost")  # out of the first route
+    with InferenceSession(router, lambda fresh=False: [*fast, ghost, *slow], EVERYTHING, 1, 64, CodecId.NONE) as s:
+        assert s.route[0].peer_id == "replica-0"
+        got = []
+        for number, length in enumerate(steps):
+            if number == 2:
+                replicas[0].stop()
+                now[0] = 100.0  # the ghost's ban has expired: it is the router's first choice again
+            got.append(s.step(tokens[:, s.position : s.position + length]))
+        assert s.route[0].peer_id == "peer-0" and s.failovers == 2
+    # Replays in pieces round differently from the original steps (fp32, activations in the thousands).
+    assert max(float((g - e).abs().max() / e.abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-5

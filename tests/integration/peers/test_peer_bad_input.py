@@ -127,6 +127,11 @@ INFERENCE_CASES = {
         "must start with an `open`",
     ),
     "NaN in a step": (lambda: session(uuid.uuid4().hex, [(0, nan_tensor())]), INVALID, "NaN or Inf"),
+    "unknown response codec": (
+        lambda: session_requests(uuid.uuid4().hex, [], response_codec=pb.CodecChoice(codec=77)),
+        INVALID,
+        "unknown codec id 77",
+    ),
 }
 
 
@@ -138,6 +143,7 @@ def test_bad_inference_gets_its_status_and_the_peer_keeps_serving(stubs, peer_se
     assert caught.value.code() == code, caught.value.details()
     assert message in caught.value.details()
     assert peer_servers[0].pool.open_sessions == 0  # the failed session gave its cache back
+    assert peer_servers[0].pool.tokens_free == peer_servers[0].pool.capacity_tokens
     replies = list(stubs[0].Inference(session(uuid.uuid4().hex, [(0, torch.randn(1, 2, 576))]), timeout=60))
     assert len(replies) == 1
     assert_still_serving(stubs[0])

@@ -69,3 +69,30 @@ def test_drain_finishes_the_open_session_and_refuses_new_ones(smollm2_path: Path
         outgoing.put(None)
         channel.close()
         server.stop()
+
+
+def test_open_sessions_are_capped_below_the_rpc_threads(smollm2_path: Path) -> None:
+    """Each open stream holds an RPC thread; past the cap a new session is refused, and Push/Info still answer."""
+    server = PeerServer(load_span(smollm2_path, 0, 2), ServerConfig(cache_tokens=640, rpc_threads=10))
+    server.start()
+    channel = grpc.insecure_channel(server.address)
+    stub = pb_grpc.PeerStub(channel)
+    held: list[tuple[queue.Queue, object]] = []  # keep the calls: a dropped call is cancelled
+    try:
+        for _ in range(2):  # 10 threads - 8 reserved = 2 sessions
+            outgoing: queue.Queue = queue.Queue()
+            outgoing.put(open_message(uuid.uuid4().hex))
+            outgoing.put(step_message(0, 0, torch.randn(1, 1, 576)))
+            call = stub.Inference(iter(outgoing.get, None), timeout=60)
+            next(call)
+            held.append((outgoing, call))
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Inference(iter([open_message(uuid.uuid4().hex)]), timeout=10))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "maximum of 2 open sessions" in refused.value.details()
+        assert stub.Info(pb.InfoRequest(), timeout=10).cache_tokens_free == 640 - 2 * 16
+    finally:
+        for outgoing, _ in held:
+            outgoing.put(None)
+        channel.close()
+        server.stop()

@@ -73,3 +73,32 @@ def test_close_finishes_queued_work_then_refuses_more(recorder_and_scheduler) ->
 
     with pytest.raises(PeerUnavailable, match="shutting down"):
         scheduler.submit(TaskKind.FORWARD, "late", tokens=1)
+
+
+def test_batching_never_compares_payloads_and_the_worker_survives() -> None:
+    """Regression: forwards queued with keys A, B, A made deque.remove compare tensor payloads, killing the worker."""
+    import torch
+
+    gate, started = threading.Event(), threading.Event()
+
+    def forward(payloads: list) -> list:
+        if payloads and isinstance(payloads[0], str):
+            started.set()
+            gate.wait(10)
+            return payloads
+        return [p * 2 for p in payloads]
+
+    scheduler = Scheduler({kind: forward for kind in TaskKind}, max_batch_tokens=100)
+    try:
+        blocker = scheduler.submit(TaskKind.FORWARD, "blocker", tokens=1)
+        assert started.wait(10)
+        futures = [
+            scheduler.submit(TaskKind.FORWARD, torch.ones(1, n, 4), tokens=n, batch_key=key)
+            for n, key in ((3, "A"), (5, "B"), (3, "A"))
+        ]
+        gate.set()
+        assert blocker.result(10) == "blocker"
+        assert [tuple(f.result(10).shape) for f in futures] == [(1, 3, 4), (1, 5, 4), (1, 3, 4)]
+    finally:
+        gate.set()
+        scheduler.close(timeout_s=5)
