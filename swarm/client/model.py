@@ -165,5 +165,6 @@ class DistributedModelForCausalLM:
         return GenerationParams(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos_ids, pad)
 
     def close(self) -> None:
+        self.blocks.close()
         self.view.close()
         self.registry.shutdown()

@@ -32,14 +32,24 @@ class _Stubs:
 
     def __init__(self) -> None:
         self._stubs: dict[str, pb_grpc.PeerStub] = {}
+        self._channels: list[grpc.Channel] = []
         self._lock = threading.Lock()
 
     def __call__(self, address: str) -> pb_grpc.PeerStub:
         with self._lock:
             if address not in self._stubs:
-                options = [("grpc.max_receive_message_length", 4 * CHUNK_BYTES)]
-                self._stubs[address] = pb_grpc.PeerStub(grpc.insecure_channel(address, options=options))
+                options = [("grpc.max_receive_message_length", 64 << 20)]
+                channel = grpc.insecure_channel(address, options=options)
+                self._channels.append(channel)
+                self._stubs[address] = pb_grpc.PeerStub(channel)
             return self._stubs[address]
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels:
+                channel.close()
+            self._channels.clear()
+            self._stubs.clear()
 
 
 class RemoteSequential(torch.nn.Module):
@@ -56,6 +66,9 @@ class RemoteSequential(torch.nn.Module):
         self.router, self.peers, self.need, self.codec = router, peers, need, codec
         self.timeout_s, self.max_retries = timeout_s, max_retries
         self.stub = _Stubs()
+
+    def close(self) -> None:
+        self.stub.close()
 
     def forward(self, hidden: torch.Tensor, position: int = 0) -> torch.Tensor:
         """hidden [batch, seq, hidden] -> the output of blocks `need`; differentiable with respect to `hidden`."""
