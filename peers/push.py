@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 import grpc
 
 from swarm._proto import swarm_pb2 as pb
-from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.channels import PeerStubs
 from swarm.errors import InvalidRequest, SessionNotFound
 
 logger = logging.getLogger(__name__)
@@ -87,9 +87,7 @@ class Pusher:
 
     def __init__(self, max_message_bytes: int) -> None:
         self.max_message_bytes = max_message_bytes
-        self._stubs: dict[str, pb_grpc.PeerStub] = {}
-        self._channels: list[grpc.Channel] = []
-        self._lock = threading.Lock()
+        self._stubs = PeerStubs(max_message_bytes)
 
     def push(self, targets: list[pb.PushTarget], step_id: int, position: int, output: pb.Tensor) -> bool:
         if not targets or output.ByteSize() > self.max_message_bytes - 4096:
@@ -98,24 +96,11 @@ class Pusher:
         step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=output, push_to=rest)
         request = pb.PushRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, session_id=target.session_id, step=step)
         try:
-            self._stub(target.address).Push(request, timeout=PUSH_TIMEOUT_S)
+            self._stubs(target.address).Push(request, timeout=PUSH_TIMEOUT_S)
             return True
         except grpc.RpcError as error:
             logger.info("push to %s session=%s failed: %s", target.address, target.session_id, error.code())
             return False
 
-    def _stub(self, address: str) -> pb_grpc.PeerStub:
-        with self._lock:
-            if address not in self._stubs:
-                options = [("grpc.max_send_message_length", self.max_message_bytes)]
-                channel = grpc.insecure_channel(address, options=options)
-                self._channels.append(channel)
-                self._stubs[address] = pb_grpc.PeerStub(channel)
-            return self._stubs[address]
-
     def close(self) -> None:
-        with self._lock:
-            for channel in self._channels:
-                channel.close()
-            self._channels.clear()
-            self._stubs.clear()
+        self._stubs.close()

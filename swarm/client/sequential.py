@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from collections.abc import Callable, Sequence
 
 import grpc
 import torch
 
 from swarm._proto import swarm_pb2 as pb
-from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.channels import PeerStubs
 from swarm.codec import CodecId, decode, encode, join, split
 from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, SwarmError, error_for
 from swarm.router import Router
@@ -25,31 +24,6 @@ from swarm.types import Hop, PeerInfo, Span
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 2 << 20  # well under the peers' 4 MiB message limit
-
-
-class _Stubs:
-    """One gRPC channel per peer address, shared by every call of this client."""
-
-    def __init__(self) -> None:
-        self._stubs: dict[str, pb_grpc.PeerStub] = {}
-        self._channels: list[grpc.Channel] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, address: str) -> pb_grpc.PeerStub:
-        with self._lock:
-            if address not in self._stubs:
-                options = [("grpc.max_receive_message_length", 64 << 20)]
-                channel = grpc.insecure_channel(address, options=options)
-                self._channels.append(channel)
-                self._stubs[address] = pb_grpc.PeerStub(channel)
-            return self._stubs[address]
-
-    def close(self) -> None:
-        with self._lock:
-            for channel in self._channels:
-                channel.close()
-            self._channels.clear()
-            self._stubs.clear()
 
 
 class RemoteSequential(torch.nn.Module):
@@ -65,7 +39,7 @@ class RemoteSequential(torch.nn.Module):
         super().__init__()
         self.router, self.peers, self.need, self.codec = router, peers, need, codec
         self.timeout_s, self.max_retries = timeout_s, max_retries
-        self.stub = _Stubs()
+        self.stub = PeerStubs()
 
     def close(self) -> None:
         self.stub.close()

@@ -11,7 +11,7 @@ import time
 import grpc
 
 from swarm._proto import swarm_pb2 as pb
-from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.channels import PeerStubs
 from swarm.registry.dht import Registry
 from swarm.types import PeerInfo
 
@@ -26,7 +26,7 @@ class SwarmView:
         self.registry, self.model, self.refresh_s = registry, model, refresh_s
         self._peers: list[PeerInfo] = []
         self._rtt_s: dict[str, float] = {}
-        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs = PeerStubs()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.refresh()
@@ -55,12 +55,9 @@ class SwarmView:
         for peer in self.peers():
             if not peer.address:
                 continue
-            channel = self._channels.get(peer.address) or self._channels.setdefault(
-                peer.address, grpc.insecure_channel(peer.address)
-            )
             started = time.perf_counter()
             try:
-                pb_grpc.PeerStub(channel).Health(pb.HealthRequest(), timeout=2.0)
+                self._stubs(peer.address).Health(pb.HealthRequest(), timeout=2.0)
             except grpc.RpcError:
                 continue  # failures are the router's and the bans' business, not the RTT's
             sample = time.perf_counter() - started
@@ -71,8 +68,7 @@ class SwarmView:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(self.refresh_s + 5)
-        for channel in self._channels.values():
-            channel.close()
+        self._stubs.close()
 
     def _run(self) -> None:
         while True:

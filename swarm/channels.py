@@ -1,0 +1,38 @@
+"""One gRPC channel per peer address, shared by every call a component makes: the client's forward/backward
+calls, its RTT pings, and a peer's pushes to the next peer."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+
+from swarm._proto import swarm_pb2_grpc as pb_grpc
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+
+class PeerStubs:
+    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self.options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        self._stubs: dict[str, pb_grpc.PeerStub] = {}
+        self._channels: list[grpc.Channel] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, address: str) -> pb_grpc.PeerStub:
+        with self._lock:
+            if address not in self._stubs:
+                channel = grpc.insecure_channel(address, options=self.options)
+                self._channels.append(channel)
+                self._stubs[address] = pb_grpc.PeerStub(channel)
+            return self._stubs[address]
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels:
+                channel.close()
+            self._channels.clear()
+            self._stubs.clear()
