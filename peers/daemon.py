@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -113,8 +114,6 @@ def _actor_info(actor: Any) -> dict:
 
 def drain(daemons: list[PeerDaemon], timeout_s: float) -> bool:
     """Drain every peer concurrently, then kill the actors; True if all finished their in-flight work."""
-    import time
-
     import ray
 
     pending = [(daemon, daemon.drain_started()) for daemon in daemons]

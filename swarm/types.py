@@ -35,6 +35,16 @@ class Span:
         return f"[{self.start}, {self.end})"
 
 
+def block_ranges(blocks: list[int]) -> str:
+    """Sorted block indices as text: [3, 4, 5, 9] -> "3-5, 9" (for messages that list missing blocks)."""
+    runs, first = [], blocks[0]
+    for previous, block in zip(blocks, [*blocks[1:], None], strict=True):
+        if block != previous + 1:
+            runs.append(str(first) if first == previous else f"{first}-{previous}")
+            first = block
+    return ", ".join(runs)
+
+
 @dataclass(frozen=True, slots=True)
 class PeerInfo:
     """One peer as routers see it: where it is, what it serves, and how loaded it is."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from swarm.types import PeerInfo, PeerState
+from swarm.types import PeerInfo, PeerState, block_ranges
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -57,13 +57,4 @@ def coverage(peers: list[PeerInfo]) -> str:
     counts = ",".join(str(c) for c in online)
     if not missing:
         return f"coverage: all {total} blocks served (ONLINE peers per block: {counts})"
-    return f"coverage: blocks {_ranges(missing)} have no ONLINE peer (per block: {counts})"
-
-
-def _ranges(blocks: list[int]) -> str:
-    runs, start = [], blocks[0]
-    for previous, block in zip(blocks, [*blocks[1:], None], strict=False):
-        if block != previous + 1:
-            runs.append(f"{start}" if start == previous else f"{start}-{previous}")
-            start = block
-    return ", ".join(runs)
+    return f"coverage: blocks {block_ranges(missing)} have no ONLINE peer (per block: {counts})"

@@ -6,6 +6,7 @@ routed over the peers the registry lists. No Ray is needed on the client.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -99,8 +100,6 @@ class DistributedModelForCausalLM:
 
         Keyword overrides set ClientConfig fields, e.g. `codec=CodecId.NONE`.
         """
-        import dataclasses
-
         return cls(path, initial_peers, dataclasses.replace(config or ClientConfig(), **overrides))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

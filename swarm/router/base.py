@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from swarm.errors import MissingBlocks
 from swarm.router.bans import Bans
-from swarm.types import Hop, PeerInfo, PeerState, Route, Span
+from swarm.types import Hop, PeerInfo, PeerState, Route, Span, block_ranges
 
 
 class Router(abc.ABC):
@@ -57,17 +57,8 @@ def check_coverage(need: Span, peers: Sequence[PeerInfo]) -> None:
     covered = {block for p in peers for block in range(max(p.span.start, need.start), min(p.span.end, need.end))}
     missing = [block for block in range(need.start, need.end) if block not in covered]
     if missing:
-        raise MissingBlocks(f"no live peer serves blocks {_ranges(missing)} (needed [{need.start}, {need.end}))")
+        raise MissingBlocks(f"no live peer serves blocks {block_ranges(missing)} (needed [{need.start}, {need.end}))")
 
 
 def hop(peer: PeerInfo, start: int, end: int) -> Hop:
     return Hop(peer.peer_id, peer.address, Span(start, end))
-
-
-def _ranges(blocks: list[int]) -> str:
-    runs, first = [], blocks[0]
-    for previous, block in zip(blocks, [*blocks[1:], None], strict=True):
-        if block != previous + 1:
-            runs.append(str(first) if first == previous else f"{first}-{previous}")
-            first = block
-    return ", ".join(runs)
