@@ -41,7 +41,7 @@ class ServiceConfig:
     max_sessions: int  # open inference streams; each holds an RPC thread, so some threads stay free for the rest
 
 
-def _answers_errors(method: Callable) -> Callable:
+def answers_errors(method: Callable) -> Callable:
     """Turn exceptions into gRPC statuses through swarm.errors; works for unary and streaming handlers."""
 
     rpc = method.__name__
@@ -102,24 +102,24 @@ class PeerService(pb_grpc.PeerServicer):
 
     # ---- stateless compute ----
 
-    @_answers_errors
+    @answers_errors
     def Forward(self, request: pb.ForwardRequest, context: grpc.ServicerContext) -> pb.ForwardResponse:
         output, choice = self._forward(request, request.hidden_states)
         return pb.ForwardResponse(hidden_states=self._encode_one(output, choice), request_id=request.request_id)
 
-    @_answers_errors
+    @answers_errors
     def ForwardStream(self, requests: Iterable[pb.ForwardRequest], context: grpc.ServicerContext) -> Iterator:
         first, tensor = _collect(requests, "hidden_states")
         output, choice = self._forward(first, tensor)
         for chunk in split(self._encode(output, choice), self.config.max_message_bytes):
             yield pb.ForwardResponse(hidden_states=chunk, request_id=first.request_id)
 
-    @_answers_errors
+    @answers_errors
     def Backward(self, request: pb.BackwardRequest, context: grpc.ServicerContext) -> pb.BackwardResponse:
         grads, choice = self._backward(request, request.hidden_states, request.grad_outputs)
         return pb.BackwardResponse(grad_inputs=self._encode_one(grads, choice), request_id=request.request_id)
 
-    @_answers_errors
+    @answers_errors
     def BackwardStream(self, requests: Iterable[pb.BackwardRequest], context: grpc.ServicerContext) -> Iterator:
         parts = list(requests)
         first, hidden = _collect(parts, "hidden_states")
@@ -150,7 +150,7 @@ class PeerService(pb_grpc.PeerServicer):
 
     # ---- inference sessions ----
 
-    @_answers_errors
+    @answers_errors
     def Inference(self, requests: Iterable[pb.InferenceRequest], context: grpc.ServicerContext) -> Iterator:
         requests = iter(requests)
         opening = next(requests, None)
@@ -165,7 +165,7 @@ class PeerService(pb_grpc.PeerServicer):
             self.inboxes.remove(session_id)
             self.pool.release(session_id)
 
-    @_answers_errors
+    @answers_errors
     def Push(self, request: pb.PushRequest, context: grpc.ServicerContext) -> pb.PushResponse:
         _check_version(request.protocol_version)
         self.inboxes.deliver(request.session_id, request.step)
@@ -222,7 +222,7 @@ class PeerService(pb_grpc.PeerServicer):
 
     # ---- info and health ----
 
-    @_answers_errors
+    @answers_errors
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
         span = self.backend.span
         return pb.InfoResponse(
@@ -244,7 +244,7 @@ class PeerService(pb_grpc.PeerServicer):
             codecs=[int(c) for c in CODECS],
         )
 
-    @_answers_errors
+    @answers_errors
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
         return pb.HealthResponse(state=self.state, protocol_version=pb.PROTOCOL_VERSION_CURRENT)
 

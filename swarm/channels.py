@@ -4,6 +4,7 @@ calls, its RTT pings, and a peer's pushes to the next peer."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import grpc
 
@@ -13,7 +14,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 
 class PeerStubs:
-    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    """Stubs of one service (`stub_type`: the Peer service by default, TrainingStageStub for training)."""
+
+    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, stub_type: type = pb_grpc.PeerStub) -> None:
+        self.stub_type = stub_type
         self.options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -22,12 +26,12 @@ class PeerStubs:
         self._channels: list[grpc.Channel] = []
         self._lock = threading.Lock()
 
-    def __call__(self, address: str) -> pb_grpc.PeerStub:
+    def __call__(self, address: str) -> Any:
         with self._lock:
             if address not in self._stubs:
                 channel = grpc.insecure_channel(address, options=self.options)
                 self._channels.append(channel)
-                self._stubs[address] = pb_grpc.PeerStub(channel)
+                self._stubs[address] = self.stub_type(channel)
             return self._stubs[address]
 
     def close(self) -> None:

@@ -274,3 +274,67 @@ class HealthResponse(_message.Message):
     state: PeerState
     protocol_version: ProtocolVersion
     def __init__(self, state: _Optional[_Union[PeerState, str]] = ..., protocol_version: _Optional[_Union[ProtocolVersion, str]] = ...) -> None: ...
+
+class TrainRequest(_message.Message):
+    __slots__ = ("protocol_version", "inputs", "grad_outputs", "labels", "response_codec", "request_id")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    GRAD_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    inputs: Tensor
+    grad_outputs: Tensor
+    labels: Tensor
+    response_codec: CodecChoice
+    request_id: str
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., inputs: _Optional[_Union[Tensor, _Mapping]] = ..., grad_outputs: _Optional[_Union[Tensor, _Mapping]] = ..., labels: _Optional[_Union[Tensor, _Mapping]] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class TrainResponse(_message.Message):
+    __slots__ = ("outputs", "grad_inputs", "loss", "step", "request_id", "compute_seconds")
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    GRAD_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    outputs: Tensor
+    grad_inputs: Tensor
+    loss: float
+    step: int
+    request_id: str
+    compute_seconds: float
+    def __init__(self, outputs: _Optional[_Union[Tensor, _Mapping]] = ..., grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., loss: _Optional[float] = ..., step: _Optional[int] = ..., request_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
+
+class StageInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StageInfoResponse(_message.Message):
+    __slots__ = ("peer_id", "run_id", "start_block", "end_block", "total_blocks", "step", "samples_accumulated", "samples_total", "averaging_rounds", "last_loss", "compute_seconds", "averaging_seconds")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    START_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    END_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_ACCUMULATED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    AVERAGING_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOSS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AVERAGING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    run_id: str
+    start_block: int
+    end_block: int
+    total_blocks: int
+    step: int
+    samples_accumulated: int
+    samples_total: int
+    averaging_rounds: int
+    last_loss: float
+    compute_seconds: float
+    averaging_seconds: float
+    def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., total_blocks: _Optional[int] = ..., step: _Optional[int] = ..., samples_accumulated: _Optional[int] = ..., samples_total: _Optional[int] = ..., averaging_rounds: _Optional[int] = ..., last_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., averaging_seconds: _Optional[float] = ...) -> None: ...

@@ -403,3 +403,161 @@ class Peer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class TrainingStageStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Forward = channel.unary_unary(
+                '/rayswarm.v1.TrainingStage/Forward',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.TrainRequest.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.TrainResponse.FromString,
+                _registered_method=True)
+        self.Backward = channel.unary_unary(
+                '/rayswarm.v1.TrainingStage/Backward',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.TrainRequest.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.TrainResponse.FromString,
+                _registered_method=True)
+        self.Info = channel.unary_unary(
+                '/rayswarm.v1.TrainingStage/Info',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.StageInfoRequest.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.StageInfoResponse.FromString,
+                _registered_method=True)
+
+
+class TrainingStageServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Forward(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Backward(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Info(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_TrainingStageServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Forward': grpc.unary_unary_rpc_method_handler(
+                    servicer.Forward,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.TrainRequest.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.TrainResponse.SerializeToString,
+            ),
+            'Backward': grpc.unary_unary_rpc_method_handler(
+                    servicer.Backward,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.TrainRequest.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.TrainResponse.SerializeToString,
+            ),
+            'Info': grpc.unary_unary_rpc_method_handler(
+                    servicer.Info,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.StageInfoRequest.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.StageInfoResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'rayswarm.v1.TrainingStage', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('rayswarm.v1.TrainingStage', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class TrainingStage:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Forward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rayswarm.v1.TrainingStage/Forward',
+            swarm_dot___proto_dot_swarm__pb2.TrainRequest.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.TrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Backward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rayswarm.v1.TrainingStage/Backward',
+            swarm_dot___proto_dot_swarm__pb2.TrainRequest.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.TrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Info(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rayswarm.v1.TrainingStage/Info',
+            swarm_dot___proto_dot_swarm__pb2.StageInfoRequest.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.StageInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

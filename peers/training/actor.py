@@ -1,0 +1,177 @@
+"""TrainingStagePeer: one replica of a training stage inside a Ray actor.
+
+It joins the run's DHT, builds its stage from the checkpoint, takes the stage's state from a live replica (or,
+when none is alive, from the newest checkpoint), then serves TrainingStage over gRPC and announces itself
+ONLINE. When Ray restarts it after a crash, __init__ runs again and it rejoins the same way.
+
+Unlike inference peers, the DHT lives in this process: hivemind's averagers need the gradients. Its forked
+helpers are made to die with the actor (swarm/registry/fork_guard.py) so Ray still sees a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from concurrent import futures
+from typing import Any
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from peers.metrics import PeerMetrics
+from peers.training.metrics import StageCollector
+from peers.training.optimizer import build_optimizer
+from peers.training.replica import StageReplica
+from peers.training.service import StageIdentity, TrainingStageService
+from peers.training.stage_model import load_stage_model
+from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.registry import Announcer, Registry
+from swarm.registry.fork_guard import die_with_parent_on_fork
+from swarm.training.checkpoints import latest_stage_checkpoint, read_stage_checkpoint, write_stage_checkpoint
+from swarm.training.config import TrainConfig
+from swarm.types import PeerInfo, PeerState, Span
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 << 20  # micro-batches travel whole (no chunking on the training RPCs)
+ANNOUNCE_PERIOD_S, ANNOUNCE_TTL_S = 1.0, 4.0
+
+
+class TrainingStagePeer:
+    """Plain class; swarm/training/job.py wraps it with ray.remote. Keep the peer_id across restarts."""
+
+    def __init__(self, config: TrainConfig, start: int, end: int, initial_peers: list[str], peer_id: str = "") -> None:
+        die_with_parent_on_fork()
+        torch.set_num_threads(config.threads)
+        self.config, self.span = config, Span(start, end)
+        self.peer_id = peer_id or uuid.uuid4().hex[:16]
+        self.registry = Registry(initial_peers)
+        model = load_stage_model(
+            config.model, start, end, device=config.device, activation_checkpointing=config.activation_checkpointing
+        )
+        self.total_blocks = model.span.cfg.num_layers
+        self.stage = f"{start}-{end}"
+        optimizer = build_optimizer(
+            self.registry.dht,
+            f"{config.run_id}_stage{self.stage}",
+            model.parameters(),
+            config.optimizer,
+            config.averaging,
+            config.target_batch,
+            config.steps,
+        )
+        self.replica = StageReplica(model, optimizer, config.mixed_precision)
+        self.joined_from = self._take_stage_state()
+        self.metrics = PeerMetrics(self.peer_id)
+        self.metrics.registry.register(StageCollector(self.replica, self.stage))
+        self.server, self.address = self._serve()
+        self.metrics_address = ""
+        if config.metrics_port is not None:
+            self.metrics_address = f"127.0.0.1:{self.metrics.serve('127.0.0.1', config.metrics_port)}"
+        self.announcer = Announcer(self.registry, self.describe, ANNOUNCE_PERIOD_S, ANNOUNCE_TTL_S)
+        self.announcer.start()
+        self._stop = threading.Event()
+        threading.Thread(target=self._checkpoint_loop, daemon=True, name="stage-checkpoints").start()
+        logger.info(
+            "stage %s replica %s serving at %s (state from %s, step %d)",
+            self.stage,
+            self.peer_id,
+            self.address,
+            self.joined_from,
+            self.replica.step,
+        )
+
+    def _take_stage_state(self) -> str:
+        """Download the stage's state from a live replica; else resume from the newest checkpoint; else start."""
+        live = [
+            p
+            for p in self.registry.peers(self.config.dht_key)
+            if p.span == self.span and p.state is PeerState.ONLINE and p.peer_id != self.peer_id
+        ]
+        if live:
+            self.replica.optimizer.load_state_from_peers()
+            return f"replica ({len(live)} live)"
+        root = self.config.checkpoint.dir
+        path = latest_stage_checkpoint(root, self.config.run_id, *self.span_tuple) if root else None
+        if path is not None:
+            self.replica.restore(read_stage_checkpoint(path))
+            return f"checkpoint {path}"
+        return "the model checkpoint"
+
+    @property
+    def span_tuple(self) -> tuple[int, int]:
+        return self.span.start, self.span.end
+
+    def _serve(self) -> tuple[grpc.Server, str]:
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=options)
+        identity = StageIdentity(self.peer_id, self.config.run_id, self.span.start, self.span.end, self.total_blocks)
+        pb_grpc.add_TrainingStageServicer_to_server(TrainingStageService(self.replica, identity, self.metrics), server)
+        health_servicer = health.HealthServicer()
+        health_servicer.set("rayswarm.v1.TrainingStage", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        return server, f"127.0.0.1:{port}"
+
+    def describe(self) -> PeerInfo:
+        counters = self.replica.counters
+        tokens = counters.samples_total * self.config.data.seq_len
+        rate = tokens / counters.compute_seconds if counters.compute_seconds > 0 else 0.0
+        return PeerInfo(
+            self.peer_id,
+            self.address,
+            self.span,
+            PeerState.ONLINE,
+            forward_tokens_per_s=rate,
+            queue_length=counters.waiting,
+            metrics_address=self.metrics_address,
+            model=self.config.dht_key,
+            total_blocks=self.total_blocks,
+        )
+
+    def info(self) -> dict[str, Any]:
+        counters = self.replica.counters
+        return {
+            "peer_id": self.peer_id,
+            "address": self.address,
+            "pid": os.getpid(),
+            "stage": self.stage,
+            "step": self.replica.step,
+            "samples_total": counters.samples_total,
+            "averaging_rounds": counters.averaging_rounds,
+            "joined_from": self.joined_from,
+            "dht_addresses": self.registry.addresses,
+            "metrics_address": self.metrics_address,
+        }
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """A copy of the stage's parameters (Hugging Face names), for tests and export."""
+        return self.replica.snapshot().tensors
+
+    def _checkpoint_loop(self) -> None:
+        every, root = self.config.checkpoint.every, self.config.checkpoint.dir
+        if not every or not root:
+            return
+        saved = self.replica.step
+        while not self._stop.wait(0.5):
+            if self.replica.step >= saved + every:
+                snapshot = self.replica.snapshot()
+                write_stage_checkpoint(root, self.config.run_id, *self.span_tuple, snapshot)
+                saved = snapshot.step
+
+    def stop(self) -> None:
+        """Leave the run: announce OFFLINE, stop serving, shut hivemind down."""
+        self._stop.set()
+        self.announcer.stop(PeerState.OFFLINE)
+        self.server.stop(grace=1.0).wait(2.0)
+        self.replica.optimizer.shutdown()
+        self.registry.shutdown()
+        time.sleep(0.1)

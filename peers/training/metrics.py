@@ -1,0 +1,36 @@
+"""Training metrics of a stage replica, read from its counters at scrape time (names in README's metrics table)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from peers.training.replica import StageReplica
+
+
+class StageCollector(Collector):
+    def __init__(self, replica: StageReplica, stage: str) -> None:
+        self.replica, self.stage = replica, stage
+
+    def collect(self) -> Iterator:
+        counters, labels = self.replica.counters, [self.stage]
+        step = GaugeMetricFamily("swarm_stage_step", "Collaborative optimizer steps of the stage", labels=["stage"])
+        step.add_metric(labels, self.replica.step)
+        yield step
+        families = {
+            "swarm_train_samples": ("Samples this replica ran backward on", counters.samples_total),
+            "swarm_averaging_rounds": ("Steps averaged with other replicas", counters.averaging_rounds),
+            "swarm_stage_compute_seconds": ("Seconds in forward and backward", counters.compute_seconds),
+            "swarm_stage_averaging_seconds": ("Seconds in collaborative steps", counters.averaging_seconds),
+        }
+        for name, (documentation, value) in families.items():
+            family = CounterMetricFamily(name, documentation, labels=["stage"])
+            family.add_metric(labels, value)
+            yield family
+        if self.replica.model.is_last and not math.isnan(counters.last_loss):
+            loss = GaugeMetricFamily("swarm_train_loss", "Loss of the last micro-batch", labels=["stage"])
+            loss.add_metric(labels, counters.last_loss)
+            yield loss

@@ -1,0 +1,152 @@
+"""One replica of a training stage: forward, backward and collaborative steps, one at a time.
+
+A single lock orders everything that touches the parameters: a forward never sees a half-applied update, and
+gradients of one backward are handed to the optimizer before the next backward starts. The collaborative step
+(averaging with the other replicas, then the update) runs inside a backward call when the stage's target batch
+is reached; requests wait meanwhile, which is the time the benchmark reports as averaging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from peers.training.stage_model import StageModel
+from swarm.errors import InvalidRequest
+from swarm.training.checkpoints import StageSnapshot
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ReplicaCounters:
+    samples_total: int = 0
+    compute_seconds: float = 0.0
+    averaging_seconds: float = 0.0
+    averaging_rounds: int = 0  # steps taken while the stage had other live replicas
+    last_loss: float = math.nan
+    waiting: int = 0  # requests waiting for the lock
+
+
+class StageReplica:
+    def __init__(self, model: StageModel, optimizer: Any, mixed_precision: bool = True) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.device = next(model.parameters()).device
+        self.autocast = mixed_precision and self.device.type == "cuda"
+        self.counters = ReplicaCounters()
+        self._lock = threading.Lock()
+
+    @property
+    def step(self) -> int:
+        return int(self.optimizer.local_epoch)
+
+    @property
+    def samples_accumulated(self) -> int:
+        return int(self.optimizer.grad_averager.local_samples_accumulated)
+
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, float]:
+        """(hidden states, or the loss on the last stage; compute seconds). Keeps no state."""
+        with self._locked(), torch.no_grad(), self._precision():
+            started = time.perf_counter()
+            out = self.model(inputs.to(self.device), None if labels is None else labels.to(self.device))
+            elapsed = time.perf_counter() - started
+            self.counters.compute_seconds += elapsed
+        return out.float().cpu(), elapsed
+
+    def backward(
+        self, inputs: torch.Tensor, grad_outputs: torch.Tensor | None, labels: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, float, float]:
+        """Recompute the forward from `inputs`, accumulate parameter gradients, and take the stage's collaborative
+        step if the target batch is reached. Returns (d loss / d inputs or None on the first stage, the loss or NaN
+        on stages that are not last, compute seconds)."""
+        if not self.model.is_last and grad_outputs is None:
+            raise InvalidRequest("grad_outputs is required on a stage that is not last")
+        with self._locked():
+            started = time.perf_counter()
+            grad_inputs, loss = self._gradients(inputs, grad_outputs, labels)
+            elapsed = time.perf_counter() - started
+            self.counters.compute_seconds += elapsed
+            self._collaborative_step(inputs.shape[0])
+        return grad_inputs, loss, elapsed
+
+    def _gradients(
+        self, inputs: torch.Tensor, grad_outputs: torch.Tensor | None, labels: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, float]:
+        inputs = inputs.to(self.device)
+        if not self.model.is_first:
+            inputs = inputs.detach().to(self.model.span.dtype).requires_grad_(True)
+        with torch.enable_grad(), self._precision():
+            out = self.model(inputs, None if labels is None else labels.to(self.device))
+        if self.model.is_last:
+            out.backward()
+        else:
+            if tuple(grad_outputs.shape) != tuple(out.shape):
+                raise InvalidRequest(
+                    f"grad_outputs shape {list(grad_outputs.shape)} differs from outputs {list(out.shape)}"
+                )
+            out.backward(grad_outputs.to(device=self.device, dtype=out.dtype))
+        if not all(torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None):
+            self.optimizer.zero_grad()
+            raise InvalidRequest("gradients are not finite (NaN or Inf in inputs or grad_outputs); dropped")
+        loss = out.item() if self.model.is_last else math.nan
+        if self.model.is_last:
+            self.counters.last_loss = loss
+        return (None if self.model.is_first else inputs.grad.float().cpu()), loss
+
+    def _collaborative_step(self, batch: int) -> None:
+        """Hand this micro-batch's gradients to hivemind; it steps once the stage reached its target batch."""
+        step_before = self.step
+        shared = self.optimizer.tracker.global_progress.num_peers > 1
+        started = time.perf_counter()
+        self.optimizer.step(batch_size=batch)
+        self.optimizer.zero_grad()
+        self.counters.samples_total += batch
+        if self.step != step_before:
+            self.counters.averaging_seconds += time.perf_counter() - started
+            self.counters.averaging_rounds += int(shared)
+            logger.info("stage step %d -> %d (shared=%s)", step_before, self.step, shared)
+
+    def snapshot(self) -> StageSnapshot:
+        with self._locked():
+            tensors = {name: t.detach().cpu().clone() for name, t in self.model.hf_state_dict().items()}
+            return StageSnapshot(self.step, tensors, copy.deepcopy(self.optimizer.state_dict()))
+
+    def restore(self, snapshot: StageSnapshot) -> None:
+        """Load a checkpoint's parameters, optimizer state and step (resuming after every replica died)."""
+        with self._locked():
+            own = self.model.hf_state_dict()
+            missing = sorted(set(own) - set(snapshot.tensors))
+            if missing:
+                raise InvalidRequest(f"checkpoint lacks tensors of this stage: {missing[:5]}")
+            with torch.no_grad():
+                for name, tensor in own.items():
+                    tensor.copy_(snapshot.tensors[name])
+            state = copy.deepcopy(snapshot.optimizer)
+            self.optimizer.load_state_dict(state)
+            self.optimizer.state_averager.local_epoch = snapshot.step
+            self.optimizer.state_averager._update_scheduler()
+            self.optimizer.tracker.report_local_progress(snapshot.step, 0)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.counters.waiting += 1
+        self._lock.acquire()
+        self.counters.waiting -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _precision(self) -> contextlib.AbstractContextManager:
+        if self.autocast:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()

@@ -1,0 +1,171 @@
+"""A training job as a YAML file describes it: the model and its stages, the data, batch sizes, the optimizer,
+averaging, checkpoints. Unknown keys are refused by name, so a typo never silently trains with a default.
+
+    run_id: tiny-bytes            # names the run in the DHT; stages and trainers of one run share it
+    model: .cache/models/tiny     # a Hugging Face checkpoint directory (random weights to pre-train)
+    stages: [[0, 4], [4, 8]]      # block spans; or `num_stages: 2` to split the blocks evenly
+    replicas_per_stage: 2
+    trainers: 2
+    data: {path: corpus.txt, tokenizer: bytes, seq_len: 64}
+    micro_batch: 8
+    target_batch: 32              # samples per collaborative step, summed over a stage's replicas
+    steps: 100
+    optimizer: {lr: 0.003, weight_decay: 0.01}
+    checkpoint: {dir: ckpt, every: 20}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from swarm.codec import CodecId
+from swarm.errors import InvalidRequest
+
+
+@dataclass(frozen=True, slots=True)
+class DataConfig:
+    path: str
+    tokenizer: str = "bytes"  # "bytes" (one token per byte, vocabulary 256) or "model" (the checkpoint's tokenizer)
+    seq_len: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_fraction: float = 0.05
+    min_lr_ratio: float = 0.1
+    clip_norm: float = 1.0
+    eight_bit: bool = False  # bitsandbytes' AdamW8bit instead of torch's AdamW
+
+
+@dataclass(frozen=True, slots=True)
+class AveragingConfig:
+    matchmaking_s: float = 2.0  # how long replicas wait to form a group before averaging
+    timeout_s: float = 30.0  # an averaging round that takes longer falls back to local gradients
+    state_every: int = 5  # also average parameters every N steps (repairs drift after a failed round)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointConfig:
+    dir: str | None = None
+    every: int = 0  # steps between checkpoints; 0: never
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    run_id: str
+    model: str
+    data: DataConfig
+    stages: tuple[tuple[int, int], ...] = ()
+    num_stages: int = 0
+    replicas_per_stage: int = 1
+    launch_stages: bool = True  # the job starts the stage actors; False: they already run (`swarm stage`)
+    trainers: int = 1
+    micro_batch: int = 8
+    target_batch: int = 32
+    steps: int = 100
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    averaging: AveragingConfig = field(default_factory=AveragingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    codec: str = "INT8_HADAMARD"  # activations and gradients on the wire
+    device: str = "cpu"
+    mixed_precision: bool = True  # bf16 autocast where the device supports it (CUDA)
+    activation_checkpointing: bool = False
+    threads: int = 1  # torch threads per stage replica
+    inflight: int = 2  # micro-batches each trainer keeps in flight
+    max_retries: int = 8  # failed calls per micro-batch before it is dropped
+    call_timeout_s: float = 120.0
+    initial_peers: tuple[str, ...] = ()
+    seed: int = 0
+    metrics_port: int | None = None  # trainers and stages serve /metrics (None: not served)
+
+    @property
+    def codec_id(self) -> CodecId:
+        return CodecId[self.codec]
+
+    @property
+    def dht_key(self) -> str:
+        """The model name under which the run's stage replicas announce themselves."""
+        return f"{self.run_id}.train"
+
+    def stage_spans(self, total_blocks: int) -> list[tuple[int, int]]:
+        """The stages' block spans, checked to tile [0, total_blocks) exactly."""
+        spans = list(self.stages) or _even_spans(total_blocks, self.num_stages or 1)
+        ends = [0] + [end for _, end in spans]
+        if [start for start, _ in spans] != ends[:-1] or ends[-1] != total_blocks:
+            raise InvalidRequest(f"stages {spans} must tile blocks [0, {total_blocks}) in order without gaps")
+        return spans
+
+
+def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:
+    bounds = [round(i * total / parts) for i in range(parts + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
+    """Read a YAML job file; `overrides` replace top-level keys (the CLI's flags)."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise InvalidRequest(f"cannot read training config {path}: {error}") from error
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"training config {path} must be a mapping, got {type(raw).__name__}")
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
+    nested = {"data": DataConfig, "optimizer": OptimizerConfig, "averaging": AveragingConfig}
+    nested["checkpoint"] = CheckpointConfig
+    values = _fields(TrainConfig, raw, "config")
+    for key, cls in nested.items():
+        if key in values:
+            values[key] = cls(**_fields(cls, values[key], key))
+    if "optimizer" in values:
+        values["optimizer"] = dataclasses.replace(values["optimizer"], betas=tuple(values["optimizer"].betas))
+    if "data" not in values:
+        raise InvalidRequest("config: missing required key 'data'")
+    for key in ("stages", "initial_peers"):
+        if key in values:
+            values[key] = tuple(tuple(s) if isinstance(s, list) else s for s in values[key])
+    config = TrainConfig(**values)
+    _check(config)
+    return config
+
+
+def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"{where} must be a mapping, got {type(raw).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise InvalidRequest(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+    required = {f.name for f in dataclasses.fields(cls) if f.default is f.default_factory is dataclasses.MISSING}
+    missing = sorted(required - set(raw) - {"data"})
+    if missing:
+        raise InvalidRequest(f"{where}: missing required key(s) {missing}")
+    return dict(raw)
+
+
+def _check(config: TrainConfig) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", str(config.run_id)):
+        raise InvalidRequest(f"run_id {config.run_id!r} must be 1-64 letters, digits, '-' or '_' (it names DHT keys)")
+    if config.codec not in CodecId.__members__:
+        raise InvalidRequest(f"config: codec {config.codec!r} is not one of {sorted(CodecId.__members__)}")
+    if config.data.tokenizer not in ("bytes", "model"):
+        raise InvalidRequest(f"data.tokenizer must be 'bytes' or 'model', got {config.data.tokenizer!r}")
+    positive = {"micro_batch": config.micro_batch, "target_batch": config.target_batch, "steps": config.steps}
+    positive |= {"replicas_per_stage": config.replicas_per_stage, "trainers": config.trainers}
+    positive |= {"data.seq_len": config.data.seq_len, "inflight": config.inflight}
+    for name, value in positive.items():
+        if not isinstance(value, int) or value < 1:
+            raise InvalidRequest(f"config: {name} must be a positive integer, got {value!r}")

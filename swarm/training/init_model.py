@@ -1,0 +1,44 @@
+"""A randomly initialised Llama checkpoint to pre-train from (`swarm init-model`; tests and benchmarks use it).
+
+Written with transformers' own initialisation, so a single-process reference and a swarm start from the same
+weights. Embeddings and LM head are untied: they live on different stages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def write_random_llama(
+    out: str | Path,
+    layers: int = 8,
+    hidden: int = 256,
+    vocab: int = 256,
+    heads: int = 4,
+    intermediate: int | None = None,
+    max_positions: int = 1024,
+    seed: int = 0,
+) -> Path:
+    """Save a fresh LlamaForCausalLM (float32 safetensors) to `out` and return it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate or hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    out = Path(out)
+    model.save_pretrained(out)
+    return out

@@ -1,0 +1,85 @@
+"""The TrainingStage RPCs as a trainer makes them: tensors in, tensors out, failures as swarm errors.
+
+Hidden states and gradients travel with the job's codec (8-bit by default); token ids and labels travel exact.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from swarm._proto import swarm_pb2 as pb
+from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.channels import PeerStubs
+from swarm.codec import CodecId, decode, encode
+from swarm.errors import error_for
+
+MAX_MESSAGE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class StageAnswer:
+    tensor: torch.Tensor | None  # outputs (Forward) or grad_inputs (Backward); None where the stage sends none
+    loss: float  # last stage only
+    step: int  # the stage's collaborative step
+    compute_s: float  # time the stage computed; the rest of `wall_s` was transfer, coding and queueing
+    wall_s: float
+
+
+class StageCalls:
+    def __init__(self, codec: CodecId, timeout_s: float) -> None:
+        self.codec, self.timeout_s = codec, timeout_s
+        self.stubs = PeerStubs(MAX_MESSAGE_BYTES, pb_grpc.TrainingStageStub)
+
+    def forward(self, address: str, inputs: torch.Tensor, labels: torch.Tensor | None = None) -> StageAnswer:
+        request = self._request(inputs, labels=labels)
+        return self._call(address, "Forward", request, "outputs")
+
+    def backward(
+        self,
+        address: str,
+        inputs: torch.Tensor,
+        grad_outputs: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> StageAnswer:
+        request = self._request(inputs, grad_outputs, labels)
+        return self._call(address, "Backward", request, "grad_inputs")
+
+    def info(self, address: str, timeout_s: float = 5.0) -> pb.StageInfoResponse:
+        try:
+            return self.stubs(address).Info(pb.StageInfoRequest(), timeout=timeout_s)
+        except grpc.RpcError as error:
+            raise error_for(error.code(), error.details() or "") from error
+
+    def close(self) -> None:
+        self.stubs.close()
+
+    def _request(
+        self, inputs: torch.Tensor, grad_outputs: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> pb.TrainRequest:
+        request = pb.TrainRequest(
+            protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+            inputs=self._encode(inputs),
+            response_codec=pb.CodecChoice(codec=int(self.codec)),
+        )
+        if grad_outputs is not None:
+            request.grad_outputs.CopyFrom(self._encode(grad_outputs))
+        if labels is not None:
+            request.labels.CopyFrom(self._encode(labels))
+        return request
+
+    def _encode(self, tensor: torch.Tensor) -> pb.Tensor:
+        return encode(tensor, self.codec if tensor.is_floating_point() else CodecId.NONE)
+
+    def _call(self, address: str, method: str, request: pb.TrainRequest, field: str) -> StageAnswer:
+        started = time.perf_counter()
+        try:
+            response = getattr(self.stubs(address), method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as error:
+            raise error_for(error.code(), error.details() or "") from error
+        tensor = decode(getattr(response, field)) if response.HasField(field) else None
+        wall = time.perf_counter() - started
+        return StageAnswer(tensor, response.loss, response.step, response.compute_seconds, wall)

@@ -1,0 +1,212 @@
+"""A trainer: streams micro-batches of local data through the run's stage replicas, forward then backward.
+
+Each micro-batch takes a fresh route from the stochastic-wiring router (per stage, the replica expected to finish
+first given its measured throughput, its queue and this trainer's own work on it). A call that fails is retried
+on another replica of the same stage (the failed one is banned with backoff); a backward may land on another
+replica than its forward did, which is fine: stages keep no state between the two. The trainer holds no
+parameters: the first stage embeds, the last computes the loss.
+
+Plain class; swarm/training/job.py runs it as a Ray actor, tests and benchmarks also in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from swarm.errors import InvalidRequest, MissingBlocks, SwarmError
+from swarm.partition import open_checkpoint
+from swarm.registry import Registry
+from swarm.registry.fork_guard import die_with_parent_on_fork
+from swarm.router.wiring import WiringRouter
+from swarm.training.config import TrainConfig
+from swarm.training.data import load_dataset
+from swarm.training.stage_calls import StageAnswer, StageCalls
+from swarm.training.stage_view import StageView
+from swarm.types import Hop, Route, Span
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TrainerProgress:
+    samples: int = 0
+    micro_batches: int = 0
+    dropped_micro_batches: int = 0  # gave up after max_retries failures
+    retries: int = 0
+    stage_steps: dict[str, int] = field(default_factory=dict)  # highest step each stage has answered with
+    recent_losses: deque = field(default_factory=lambda: deque(maxlen=64))
+    compute_s: float = 0.0  # stage compute time of this trainer's calls
+    transfer_s: float = 0.0  # the rest of the calls' time: coding, network, queueing
+    started: float = field(default_factory=time.monotonic)
+
+    def as_dict(self) -> dict:
+        losses = list(self.recent_losses)
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return {
+            "samples": self.samples,
+            "micro_batches": self.micro_batches,
+            "dropped_micro_batches": self.dropped_micro_batches,
+            "retries": self.retries,
+            "stage_steps": dict(self.stage_steps),
+            "loss": sum(losses) / len(losses) if losses else math.nan,
+            "samples_per_s": self.samples / elapsed,
+            "compute_s": self.compute_s,
+            "transfer_s": self.transfer_s,
+            "elapsed_s": elapsed,
+        }
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, index: int = 0, initial_peers: list[str] | None = None) -> None:
+        die_with_parent_on_fork()
+        torch.set_num_threads(1)
+        self.config, self.index = config, index
+        self.total_blocks = open_checkpoint(config.model)[2].num_layers
+        self.stage_spans = [Span(*s) for s in config.stage_spans(self.total_blocks)]
+        self.dataset = load_dataset(config.data, config.model)
+        self.generator = torch.Generator().manual_seed(config.seed * 7919 + index)
+        self.registry = Registry(list(initial_peers or config.initial_peers), client_mode=True)
+        self.view = StageView(self.registry, config.dht_key, self.stage_spans)
+        self.router = WiringRouter(rng=random.Random(config.seed * 7919 + index))
+        self.calls = StageCalls(config.codec_id, config.call_timeout_s)
+        self.progress = TrainerProgress(stage_steps={f"{s.start}-{s.end}": 0 for s in self.stage_spans})
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # ---- the loop ----
+
+    def run(self, max_samples: int | None = None) -> dict:
+        """Train until every stage reached `config.steps` (or `max_samples` were sent, or stop()); returns progress."""
+        workers = [
+            threading.Thread(target=self._work, args=(max_samples,), name=f"trainer-{self.index}-{i}", daemon=True)
+            for i in range(self.config.inflight)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        return self.report()
+
+    def _work(self, max_samples: int | None) -> None:
+        while not self._finished(max_samples):
+            try:
+                self.train_micro_batch()
+            except MissingBlocks as error:
+                logger.warning("trainer %d waiting for stages: %s", self.index, error)
+                self.view.refresh()
+                self._stop.wait(0.5)
+            except SwarmError as error:
+                with self._lock:
+                    self.progress.dropped_micro_batches += 1
+                logger.warning("trainer %d dropped a micro-batch: %s", self.index, error)
+
+    def _finished(self, max_samples: int | None) -> bool:
+        if self._stop.is_set():
+            return True
+        with self._lock:
+            if max_samples is not None and self.progress.samples >= max_samples:
+                return True
+            return min(self.progress.stage_steps.values()) >= self.config.steps
+
+    def train_micro_batch(self) -> float:
+        """One micro-batch through every stage, forward then backward; returns its loss."""
+        with self._lock:
+            input_ids, labels = self.dataset.sample(self.config.micro_batch, self.generator)
+        route = list(self._route(input_ids.numel()))
+        inputs = [input_ids]
+        for position in range(len(route) - 1):
+            inputs.append(self._call(route, position, "forward", inputs[position]).tensor)
+        last = self._call(route, len(route) - 1, "backward", inputs[-1], labels=labels)
+        grad = last.tensor
+        for position in reversed(range(len(route) - 1)):
+            grad = self._call(route, position, "backward", inputs[position], grad_outputs=grad).tensor
+        with self._lock:
+            self.progress.samples += input_ids.shape[0]
+            self.progress.micro_batches += 1
+            self.progress.recent_losses.append(last.loss)
+        return last.loss
+
+    def evaluate(self, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
+        """Loss of a fixed batch through the stages, forward only (no gradients, no step)."""
+        route = list(self._route(input_ids.numel()))
+        hidden = input_ids
+        for position in range(len(route) - 1):
+            hidden = self._call(route, position, "forward", hidden).tensor
+        return self._call(route, len(route) - 1, "forward", hidden, labels=labels).loss
+
+    # ---- routing and retries ----
+
+    def _route(self, tokens: int, need: Span | None = None) -> Route:
+        return self.router.choose(need or Span(0, self.total_blocks), self.view.peers(), tokens)
+
+    def _call(self, route: list[Hop], position: int, kind: str, inputs: torch.Tensor, **tensors) -> StageAnswer:
+        """Run one stage call, moving to another replica of the stage (and updating `route`) when one fails."""
+        for attempt in range(self.config.max_retries + 1):
+            hop = route[position]
+            try:
+                answer = getattr(self.calls, kind)(hop.address, inputs, **tensors)
+            except InvalidRequest:
+                raise  # the same request would fail anywhere
+            except SwarmError as error:
+                if attempt == self.config.max_retries:
+                    raise
+                self._replace(route, position, error, inputs.numel())
+                continue
+            self._account(hop, answer)
+            return answer
+        raise AssertionError("unreachable")
+
+    def _replace(self, route: list[Hop], position: int, error: SwarmError, tokens: int) -> None:
+        failed = route[position]
+        logger.info(
+            "trainer %d: stage %s replica %s failed (%s); retrying elsewhere",
+            self.index,
+            failed.span,
+            failed.peer_id,
+            error,
+        )
+        self.router.bans.ban(failed.peer_id)
+        with self._lock:
+            self.progress.retries += 1
+        deadline = time.monotonic() + self.config.call_timeout_s
+        while True:
+            try:
+                (route[position],) = self._route(tokens, failed.span)
+                return
+            except MissingBlocks:
+                if time.monotonic() > deadline:
+                    raise
+                self.view.refresh()
+                time.sleep(0.2)
+
+    def _account(self, hop: Hop, answer: StageAnswer) -> None:
+        stage = f"{hop.span.start}-{hop.span.end}"
+        with self._lock:
+            self.progress.stage_steps[stage] = max(self.progress.stage_steps.get(stage, 0), answer.step)
+            self.progress.compute_s += answer.compute_s
+            self.progress.transfer_s += max(0.0, answer.wall_s - answer.compute_s)
+
+    # ---- control ----
+
+    def report(self) -> dict:
+        with self._lock:
+            report = self.progress.as_dict()
+        report["replicas"] = self.view.replicas()
+        return report
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.view.close()
+        self.calls.close()
+        self.registry.shutdown()
