@@ -160,12 +160,12 @@ class TrainingStagePeer:
         every, root = self.config.checkpoint.every, self.config.checkpoint.dir
         if not every or not root:
             return
-        saved = self.replica.step
+        saved = self.replica.step // every
         while not self._stop.wait(0.5):
-            if self.replica.step >= saved + every:
+            if self.replica.step // every > saved:  # at multiples of `every`, so replicas write the same steps
                 snapshot = self.replica.snapshot()
                 write_stage_checkpoint(root, self.config.run_id, *self.span_tuple, snapshot)
-                saved = snapshot.step
+                saved = snapshot.step // every
 
     def stop(self) -> None:
         """Leave the run: announce OFFLINE, stop serving, shut hivemind down."""

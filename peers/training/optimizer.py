@@ -37,10 +37,15 @@ class SampleCountTracker(ProgressTracker):
 
     @property
     def ready_to_update_epoch(self) -> bool:
-        return (
-            self.global_epoch > self.local_progress.epoch
-            or self.global_progress.samples_accumulated >= self.target_batch_size
+        local = self.local_progress
+        if self.global_epoch > local.epoch:
+            return True  # the stage moved on without this replica: catch up
+        # Right after this replica's own step the fetched global progress still describes the previous step;
+        # until the next fetch, count only this replica's samples (never more than the stage really has).
+        samples = (
+            self.global_progress.samples_accumulated if self.global_epoch == local.epoch else local.samples_accumulated
         )
+        return samples >= self.target_batch_size
 
 
 class StageOptimizer(hivemind.Optimizer):

@@ -1,7 +1,8 @@
 """The `swarm` command line. One module per command; each exposes `add_parser(subparsers)` and `run(ns)`.
 
 convert.py: `swarm convert` and `swarm convert-test-model`; demo.py: `swarm demo`; peer.py: `swarm peer join`;
-up.py: `swarm up` (a whole swarm on one machine); status.py: `swarm status`; generate.py: `swarm generate`.
+up.py: `swarm up` (a whole swarm on one machine); status.py: `swarm status`; generate.py: `swarm generate`;
+train.py: `swarm train`, `swarm export`, `swarm init-model`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ import argparse
 import logging
 import sys
 
-from swarm.cli import convert, demo, generate, peer, status, up
+from swarm.cli import convert, demo, generate, peer, status, train, up
 from swarm.errors import SwarmError
 
-COMMANDS = (convert, demo, peer, up, status, generate)
+COMMANDS = (convert, demo, peer, up, status, generate, train)
 
 
 def build_parser() -> argparse.ArgumentParser:

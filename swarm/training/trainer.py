@@ -142,6 +142,10 @@ class Trainer:
             hidden = self._call(route, position, "forward", hidden).tensor
         return self._call(route, len(route) - 1, "forward", hidden, labels=labels).loss
 
+    def eval_loss(self) -> float:
+        """Loss of the dataset's fixed evaluation batch with the stages' current parameters."""
+        return self.evaluate(*self.dataset.eval_batch())
+
     # ---- routing and retries ----
 
     def _route(self, tokens: int, need: Span | None = None) -> Route:
