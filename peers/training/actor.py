@@ -28,7 +28,9 @@ from peers.training.optimizer import build_optimizer
 from peers.training.replica import StageReplica
 from peers.training.service import StageIdentity, TrainingStageService
 from peers.training.stage_model import load_stage_model
+from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.channels import PeerStubs
 from swarm.registry import Announcer, Registry
 from swarm.registry.fork_guard import die_with_parent_on_fork
 from swarm.training.checkpoints import latest_stage_checkpoint, read_stage_checkpoint, write_stage_checkpoint
@@ -39,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 << 20  # micro-batches travel whole (no chunking on the training RPCs)
 ANNOUNCE_PERIOD_S, ANNOUNCE_TTL_S = 1.0, 4.0
+STEP_NOW_TIMEOUT_S = 60.0
 
 
 class TrainingStagePeer:
@@ -63,6 +66,7 @@ class TrainingStagePeer:
             config.averaging,
             config.target_batch,
             config.steps,
+            config.averaging.group_size or config.replicas_per_stage,
         )
         self.replica = StageReplica(model, optimizer, config.mixed_precision)
         self.joined_from = self._take_stage_state()
@@ -75,6 +79,8 @@ class TrainingStagePeer:
         self.announcer = Announcer(self.registry, self.describe, ANNOUNCE_PERIOD_S, ANNOUNCE_TTL_S)
         self.announcer.start()
         self._stop = threading.Event()
+        self.siblings = SiblingReplicas(self.registry, config.dht_key, self.span, self.peer_id, self._stop)
+        self.replica.on_step_start = self.siblings.start_step
         threading.Thread(target=self._checkpoint_loop, daemon=True, name="stage-checkpoints").start()
         logger.info(
             "stage %s replica %s serving at %s (state from %s, step %d)",
@@ -147,6 +153,8 @@ class TrainingStagePeer:
             "step": self.replica.step,
             "samples_total": counters.samples_total,
             "averaging_rounds": counters.averaging_rounds,
+            "compute_seconds": counters.compute_seconds,
+            "averaging_seconds": counters.averaging_seconds,
             "joined_from": self.joined_from,
             "dht_addresses": self.registry.addresses,
             "metrics_address": self.metrics_address,
@@ -175,3 +183,38 @@ class TrainingStagePeer:
         self.replica.optimizer.shutdown()
         self.registry.shutdown()
         time.sleep(0.1)
+
+
+class SiblingReplicas:
+    """The other live replicas of this stage (re-read from the DHT every second), and the StepNow broadcast."""
+
+    def __init__(self, registry: Registry, dht_key: str, span: Span, peer_id: str, stop: threading.Event) -> None:
+        self.registry, self.dht_key, self.span, self.peer_id = registry, dht_key, span, peer_id
+        self.addresses: list[str] = []
+        self.stubs = PeerStubs(stub_type=pb_grpc.TrainingStageStub)
+        self._stop = stop
+        threading.Thread(target=self._refresh_loop, daemon=True, name="stage-siblings").start()
+
+    def start_step(self, step: int) -> None:
+        """Tell every sibling to join step `step` now; returns at once (each call waits for its replica's lock)."""
+        for address in self.addresses:
+            threading.Thread(target=self._tell, args=(address, step), daemon=True).start()
+
+    def _tell(self, address: str, step: int) -> None:
+        try:
+            self.stubs(address).StepNow(pb.StepNowRequest(step=step), timeout=STEP_NOW_TIMEOUT_S)
+        except grpc.RpcError as error:  # dead or restarting: the round goes on without it
+            logger.info("StepNow(%d) to %s failed: %s", step, address, error.code())
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                peers = self.registry.peers(self.dht_key)
+            except Exception as error:  # the DHT is shutting down
+                logger.debug("cannot read sibling replicas: %s", error)
+                continue
+            self.addresses = [
+                p.address
+                for p in peers
+                if p.span == self.span and p.peer_id != self.peer_id and p.state is PeerState.ONLINE
+            ]

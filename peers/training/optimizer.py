@@ -35,11 +35,13 @@ class SampleCountTracker(ProgressTracker):
     training on the same batch in one process.
     """
 
+    forced_epoch: int | None = None  # set by StageOptimizer.step_now: another replica started this step
+
     @property
     def ready_to_update_epoch(self) -> bool:
         local = self.local_progress
-        if self.global_epoch > local.epoch:
-            return True  # the stage moved on without this replica: catch up
+        if self.global_epoch > local.epoch or self.forced_epoch == local.epoch:
+            return True  # the stage moved on without this replica, or another replica is starting the step
         # Right after this replica's own step the fetched global progress still describes the previous step;
         # until the next fetch, count only this replica's samples (never more than the stage really has).
         samples = (
@@ -49,6 +51,40 @@ class SampleCountTracker(ProgressTracker):
 
 
 class StageOptimizer(hivemind.Optimizer):
+    """hivemind.Optimizer with an exact sample count and a way for one replica to start a step for all."""
+
+    def samples_after(self, batch: int) -> int:
+        """The stage's samples toward this step if this replica adds `batch` more (as far as it knows)."""
+        progress = self.tracker.global_progress
+        known = progress.samples_accumulated if progress.epoch == self.local_epoch else 0
+        return max(known, self.grad_averager.local_samples_accumulated) + batch
+
+    def force_next_step(self) -> None:
+        """Make this replica's next `step` call take the collaborative step (it told the others to take it)."""
+        self.tracker.forced_epoch = self.local_epoch
+
+    def step_now(self, epoch: int) -> None:
+        """Join the averaging round of `epoch` now (another replica reached the target batch); a no-op if this
+        replica already moved past it. Call with no backward in progress (StageReplica holds its lock)."""
+        if self.local_epoch != epoch:
+            return
+        self.tracker.forced_epoch = epoch
+        self._update_global_epoch(None)
+
+    def _update_global_epoch(self, grad_scaler: Any) -> None:
+        try:
+            super()._update_global_epoch(grad_scaler)
+        finally:
+            self.tracker.forced_epoch = None
+
+    # Rounds start when a replica broadcasts StepNow, not at an estimated time: pre-scheduled rounds would form
+    # groups that the broadcast's round then cannot join.
+    def _maybe_schedule_gradient_averaging(self) -> None:
+        return None
+
+    def _maybe_schedule_state_averaging(self) -> None:
+        return None
+
     def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> ProgressTracker:
         return SampleCountTracker(
             dht=self.dht,
@@ -69,6 +105,7 @@ def build_optimizer(
     averaging: AveragingConfig,
     target_batch: int,
     total_steps: int,
+    group_size: int,
 ) -> Any:
     """The collaborative optimizer of one stage; `run_id` must be the same for all replicas of the stage."""
     round_batch = RoundBatch(target_batch)
@@ -84,8 +121,15 @@ def build_optimizer(
         averaging_timeout=averaging.timeout_s,
         average_state_every=averaging.state_every,
         delay_state_averaging=False,
-        averager_opts={"request_timeout": min(1.0, averaging.matchmaking_s / 2)},
-        tracker_opts={"min_refresh_period": 0.2, "max_refresh_period": 1.0, "default_refresh_period": 0.5},
+        # A round starts as soon as `group_size` replicas joined it; the matchmaking time only bounds how long
+        # the first one waits for the others (they learn that the target was reached one fetch later).
+        averager_opts={"request_timeout": min(1.0, averaging.matchmaking_s / 2), "target_group_size": group_size},
+        tracker_opts={
+            "min_refresh_period": 0.1,
+            "max_refresh_period": 0.5,
+            "default_refresh_period": 0.2,
+            "metadata_expiration": 5.0,  # a dead replica stops counting as a peer to average with within seconds
+        },
         verbose=False,
     )
     round_batch.read_samples = lambda: max(

@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ class StageReplica:
         self.device = next(model.parameters()).device
         self.autocast = mixed_precision and self.device.type == "cuda"
         self.counters = ReplicaCounters()
+        self.on_step_start: Callable[[int], None] | None = None  # called before this replica starts a step
         self._lock = threading.Lock()
 
     @property
@@ -103,14 +104,34 @@ class StageReplica:
         return (None if self.model.is_first else inputs.grad.float().cpu()), loss
 
     def _collaborative_step(self, batch: int) -> None:
-        """Hand this micro-batch's gradients to hivemind; it steps once the stage reached its target batch."""
+        """Hand this micro-batch's gradients to hivemind; it steps once the stage reached its target batch.
+
+        The replica that completes the batch first tells the others (`on_step_start`) so that every replica enters
+        the averaging round at once instead of one tracker refresh later.
+        """
         step_before = self.step
-        shared = self.optimizer.tracker.global_progress.num_peers > 1
+        if (
+            self.on_step_start is not None
+            and self.optimizer.samples_after(batch) >= self.optimizer.tracker.target_batch_size
+        ):
+            self.on_step_start(step_before)
         started = time.perf_counter()
         self.optimizer.step(batch_size=batch)
         self.optimizer.zero_grad()
         self.counters.samples_total += batch
+        self._count_step(step_before, started)
+
+    def step_now(self, step: int) -> int:
+        """Another replica started `step`: join its averaging round (no-op if this replica is past it)."""
+        with self._locked():
+            step_before, started = self.step, time.perf_counter()
+            self.optimizer.step_now(step)
+            self._count_step(step_before, started)
+            return self.step
+
+    def _count_step(self, step_before: int, started: float) -> None:
         if self.step != step_before:
+            shared = self.optimizer.tracker.global_progress.num_peers > 1
             self.counters.averaging_seconds += time.perf_counter() - started
             self.counters.averaging_rounds += int(shared)
             logger.info("stage step %d -> %d (shared=%s)", step_before, self.step, shared)

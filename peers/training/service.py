@@ -76,6 +76,10 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
             averaging_seconds=counters.averaging_seconds,
         )
 
+    @answers_errors
+    def StepNow(self, request: pb.StepNowRequest, context: grpc.ServicerContext) -> pb.StepNowResponse:
+        return pb.StepNowResponse(step=self.replica.step_now(int(request.step)))
+
     def _decode_request(self, request: pb.TrainRequest) -> tuple[torch.Tensor, torch.Tensor | None, pb.CodecChoice]:
         if request.protocol_version != pb.PROTOCOL_VERSION_CURRENT:
             raise InvalidRequest(

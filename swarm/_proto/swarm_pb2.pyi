@@ -338,3 +338,15 @@ class StageInfoResponse(_message.Message):
     compute_seconds: float
     averaging_seconds: float
     def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., total_blocks: _Optional[int] = ..., step: _Optional[int] = ..., samples_accumulated: _Optional[int] = ..., samples_total: _Optional[int] = ..., averaging_rounds: _Optional[int] = ..., last_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., averaging_seconds: _Optional[float] = ...) -> None: ...
+
+class StepNowRequest(_message.Message):
+    __slots__ = ("step",)
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    def __init__(self, step: _Optional[int] = ...) -> None: ...
+
+class StepNowResponse(_message.Message):
+    __slots__ = ("step",)
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    def __init__(self, step: _Optional[int] = ...) -> None: ...

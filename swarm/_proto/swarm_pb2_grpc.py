@@ -429,6 +429,11 @@ class TrainingStageStub:
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.StageInfoRequest.SerializeToString,
                 response_deserializer=swarm_dot___proto_dot_swarm__pb2.StageInfoResponse.FromString,
                 _registered_method=True)
+        self.StepNow = channel.unary_unary(
+                '/rayswarm.v1.TrainingStage/StepNow',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.StepNowRequest.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.StepNowResponse.FromString,
+                _registered_method=True)
 
 
 class TrainingStageServicer:
@@ -452,6 +457,12 @@ class TrainingStageServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StepNow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainingStageServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -469,6 +480,11 @@ def add_TrainingStageServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=swarm_dot___proto_dot_swarm__pb2.StageInfoRequest.FromString,
                     response_serializer=swarm_dot___proto_dot_swarm__pb2.StageInfoResponse.SerializeToString,
+            ),
+            'StepNow': grpc.unary_unary_rpc_method_handler(
+                    servicer.StepNow,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.StepNowRequest.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.StepNowResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -552,6 +568,33 @@ class TrainingStage:
             '/rayswarm.v1.TrainingStage/Info',
             swarm_dot___proto_dot_swarm__pb2.StageInfoRequest.SerializeToString,
             swarm_dot___proto_dot_swarm__pb2.StageInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepNow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rayswarm.v1.TrainingStage/StepNow',
+            swarm_dot___proto_dot_swarm__pb2.StepNowRequest.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.StepNowResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,9 +49,10 @@ class OptimizerConfig:
 
 @dataclass(frozen=True, slots=True)
 class AveragingConfig:
-    matchmaking_s: float = 2.0  # how long replicas wait to form a group before averaging
+    matchmaking_s: float = 1.0  # how long the first replica in a round waits for the others
     timeout_s: float = 30.0  # an averaging round that takes longer falls back to local gradients
-    state_every: int = 5  # also average parameters every N steps (repairs drift after a failed round)
+    state_every: int = 10  # also average parameters every N steps (repairs drift after a failed round)
+    group_size: int = 0  # replicas an averaging round waits for before it starts (0: replicas_per_stage)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,9 +31,21 @@ def make_config(tiny_llama: Path):
             "target_batch": 32,
             "steps": 10,
             "optimizer": {"lr": 0.003},
-            "averaging": {"matchmaking_s": 1.0, "timeout_s": 5.0},
+            "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0},
         }
         raw.update(overrides)
         return config_from_dict(raw)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray (127.0.0.1 only) for every training test that runs actors; shut down at the end."""
+    import ray
+
+    from peers.launch import connect_ray
+
+    connect_ray(None)
+    yield
+    ray.shutdown()
