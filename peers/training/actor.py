@@ -81,6 +81,7 @@ class TrainingStagePeer:
         self._stop = threading.Event()
         self.siblings = SiblingReplicas(self.registry, config.dht_key, self.span, self.peer_id, self._stop)
         self.replica.on_step_start = self.siblings.start_step
+        optimizer.live_replicas = lambda: 1 + len(self.siblings.addresses)
         threading.Thread(target=self._checkpoint_loop, daemon=True, name="stage-checkpoints").start()
         logger.info(
             "stage %s replica %s serving at %s (state from %s, step %d)",

@@ -11,8 +11,9 @@ really averaged (the linear rule), around the warmup + cosine schedule of swarm/
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import hivemind
@@ -71,11 +72,46 @@ class StageOptimizer(hivemind.Optimizer):
         self.tracker.forced_epoch = epoch
         self._update_global_epoch(None)
 
+    round_samples: int | None = None  # samples the last averaging round summed over its replicas
+    live_replicas: Callable[[], int] | None = None  # from the stage's DHT records (set by the stage actor)
+
     def _update_global_epoch(self, grad_scaler: Any) -> None:
+        if self.live_replicas is not None:
+            # Average with whom the DHT records say is alive, not with whom the progress tracker last heard from:
+            # a replica told to step (StepNow) may not have fetched its siblings' progress yet.
+            progress = self.tracker.global_progress
+            self.tracker.global_progress = dataclasses.replace(progress, num_peers=self.live_replicas())
+        # Join the round with this replica's sample count as gathered metadata: every member then knows the
+        # round's total batch, so all scale their rate by the same factor and apply the very same update.
+        if self.tracker.global_progress.num_peers > 1 and self.scheduled_grads is None:
+            samples = self.grad_averager.local_samples_accumulated
+            self.scheduled_grads = self.grad_averager.schedule_step(timeout=self.averaging_timeout, gather=samples)
+            if samples == 0:
+                self._join_with_a_zero_gradient()
         try:
             super()._update_global_epoch(grad_scaler)
         finally:
             self.tracker.forced_epoch = None
+
+    @torch.no_grad()
+    def _join_with_a_zero_gradient(self) -> None:
+        """A replica that ran no backward this step still takes part, as one sample with a zero gradient: with
+        weight 0, hivemind would leave its tensors unaveraged and it would step with zeros (measured: its
+        parameters then drift from the other replicas'). The average is biased by 1 / (samples + 1)."""
+        for group in self.state_averager.optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = torch.zeros_like(param)
+        self.grad_averager.accumulate_grads_(1)
+
+    def _average_gradients_and_load_into_optimizer(self, control: Any) -> None:
+        self.round_samples = None
+        if control is not None:
+            try:
+                gathered = control.result(self.averaging_timeout)
+                self.round_samples = sum(int(v) for v in gathered.values() if isinstance(v, int))
+            except BaseException as error:  # the round failed: this replica steps with its own gradients
+                logger.info("averaging round failed: %r", error)
+        super()._average_gradients_and_load_into_optimizer(control)
 
     # Rounds start when a replica broadcasts StepNow, not at an estimated time: pre-scheduled rounds would form
     # groups that the broadcast's round then cannot join.
@@ -132,8 +168,7 @@ def build_optimizer(
         },
         verbose=False,
     )
-    round_batch.read_samples = lambda: max(
-        collaborative.tracker.global_progress.samples_accumulated,
-        collaborative.grad_averager.local_samples_accumulated,
+    round_batch.read_samples = lambda: (
+        collaborative.round_samples or collaborative.grad_averager.local_samples_accumulated
     )
     return collaborative

@@ -110,14 +110,17 @@ class StageReplica:
         the averaging round at once instead of one tracker refresh later.
         """
         step_before = self.step
-        if (
-            self.on_step_start is not None
-            and self.optimizer.samples_after(batch) >= self.optimizer.tracker.target_batch_size
-        ):
-            self.on_step_start(step_before)
+        if self.optimizer.samples_after(batch) >= self.optimizer.tracker.target_batch_size:
+            self.optimizer.force_next_step()
+            if self.on_step_start is not None:
+                self.on_step_start(step_before)
         started = time.perf_counter()
-        self.optimizer.step(batch_size=batch)
-        self.optimizer.zero_grad()
+        try:
+            self.optimizer.step(batch_size=batch)
+        except AssertionError as error:  # hivemind's own consistency checks; the replica re-syncs next step
+            logger.warning("collaborative step %d failed: %s", step_before, error)
+        finally:
+            self.optimizer.zero_grad()
         self.counters.samples_total += batch
         self._count_step(step_before, started)
 
@@ -126,6 +129,7 @@ class StageReplica:
         with self._locked():
             step_before, started = self.step, time.perf_counter()
             self.optimizer.step_now(step)
+            self.optimizer.zero_grad()  # the step left the averaged gradients in .grad; the next backward adds up
             self._count_step(step_before, started)
             return self.step
 

@@ -51,7 +51,7 @@ class OptimizerConfig:
 class AveragingConfig:
     matchmaking_s: float = 1.0  # how long the first replica in a round waits for the others
     timeout_s: float = 30.0  # an averaging round that takes longer falls back to local gradients
-    state_every: int = 10  # also average parameters every N steps (repairs drift after a failed round)
+    state_every: int = 5  # also average parameters every N steps (repairs drift between replicas)
     group_size: int = 0  # replicas an averaging round waits for before it starts (0: replicas_per_stage)
 
 

@@ -39,8 +39,14 @@ def load_reference_model(config: TrainConfig) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32).train()
 
 
-def train_reference(config: TrainConfig, steps: int | None = None, trainer_index: int = 0) -> ReferenceRun:
+def train_reference(
+    config: TrainConfig, steps: int | None = None, trainer_index: int = 0, samples_per_step: int | None = None
+) -> ReferenceRun:
     """Train `steps` optimizer steps (default: the config's) and return the model and its losses.
+
+    `samples_per_step` (default: the target batch) matches a swarm run whose steps averaged more samples than
+    the target (replicas learn of each other's samples a little late); the rate is then scaled by the same
+    linear rule the stages apply.
 
     Gradients are clipped per stage of the config, as the stages do.
     """
@@ -48,10 +54,13 @@ def train_reference(config: TrainConfig, steps: int | None = None, trainer_index
     dataset = load_dataset(config.data, config.model)
     generator = torch.Generator().manual_seed(config.seed * 7919 + trainer_index)
     groups = stage_param_groups(model, config.stage_spans(model.config.num_hidden_layers))
-    optimizer = make_inner_optimizer(groups, config.optimizer, RoundBatch(config.target_batch))
+    per_step = samples_per_step or config.target_batch
+    round_batch = RoundBatch(config.target_batch)
+    round_batch.read_samples = lambda: per_step
+    optimizer = make_inner_optimizer(groups, config.optimizer, round_batch)
     schedule = WarmupCosine(config.steps, config.optimizer.warmup_fraction, config.optimizer.min_lr_ratio)
     scheduler = LambdaLR(optimizer, schedule)
-    micro_batches = max(1, math.ceil(config.target_batch / config.micro_batch))
+    micro_batches = max(1, round(per_step / config.micro_batch))
     run = ReferenceRun(model)
     started = time.perf_counter()
     for _ in range(config.steps if steps is None else steps):
