@@ -1,6 +1,6 @@
 """A discrete-event simulation of a swarm's placement: peers of a T4/A100/H100-like mix join (Poisson arrivals),
 take spans, rebalance and are preempted (exponential lifetimes), while the simulator measures the pipeline
-capacity (the weakest block's served throughput) against an upper bound on the best placement of the live peers.
+capacity (the weakest block's served throughput); benchmarks/swarm_optimum.py bounds the best capacity possible.
 
 It drives the code the peers run: span lengths from peers/memory.py, joins and moves from peers/placement.py
 (choose_joining_span, plan_move over a BlockLoad kept up to date with add/remove, as the registry would show it),
@@ -40,6 +40,7 @@ class SimResult:
     capacity_integral: float = 0.0  # integral of the weakest block's served throughput over measured time
     moves: int = 0
     peer_seconds: float = 0.0  # live peer time, measured
+    covered_seconds: float = 0.0  # measured time during which every block had an ONLINE peer
     routes: int = 0
     routed: int = 0
     route_hops: int = 0
@@ -52,7 +53,8 @@ ONLINE, CHECK, DIE, ROUTE = range(4)
 class Simulation:
     def __init__(self, config: SimConfig, trace: list[Arrival]) -> None:
         self.config, self.trace = config, trace
-        self.rng = random.Random(config.seed + 1)  # check timing and measurement error; not the trace
+        self.rng = random.Random(config.seed + 1)  # when peers check; not the trace
+        self.measurement_rng = random.Random(config.seed + 3)  # announced throughput errors
         blocks = config.model.num_layers
         self.registry_view = BlockLoad(blocks)  # announced records: what every peer's placement reads
         self.truth = BlockLoad(blocks)  # true throughputs: what clients actually get
@@ -71,7 +73,7 @@ class Simulation:
         end = self.measure_from + config.hours * 3600
         arrivals = iter(self.trace)
         upcoming = next(arrivals, None)
-        self._push(self.measure_from, ROUTE, "")
+        self._push(self.measure_from + config.route_every_s / 2, ROUTE, "")
         while True:
             event_time = self._events[0][0] if self._events else math.inf
             if upcoming is not None and upcoming.time_s <= event_time:
@@ -88,12 +90,13 @@ class Simulation:
         return self.result
 
     def _advance(self, time_s: float) -> None:
-        """Integrate the capacity and its bound, both constant between events, up to `time_s`."""
+        """Integrate what is measured, all constant between events, up to `time_s`."""
         start = max(self.now, self.measure_from)
         if time_s > start:
             span_s = time_s - start
             self.result.capacity_integral += self.truth.capacity * span_s
             self.result.peer_seconds += len(self.peers) * span_s
+            self.result.covered_seconds += span_s * bool(self.truth.serving_peers.min() > 0)
         self.now = max(self.now, time_s)
 
     def _push(self, time_s: float, kind: int, peer_id: str) -> None:
@@ -131,7 +134,7 @@ class Simulation:
     def _online(self, peer: SimPeer) -> None:
         self.registry_view.remove(peer.announced)
         error = self.config.throughput_error
-        measured = peer.true_throughput * self.rng.uniform(1 - error, 1 + error)
+        measured = peer.true_throughput * self.measurement_rng.uniform(1 - error, 1 + error)
         peer.announced = dataclasses.replace(
             peer.announced,
             state=PeerState.ONLINE,

@@ -108,6 +108,8 @@ class BlockLoad:
 def choose_span(load: BlockLoad, length: int, throughput: float, starts: Sequence[int] | None = None) -> Span:
     """The `length`-block span that raises the weakest block of `load.planned` the most, for a peer that will push
     `throughput` tokens/s through each of its blocks. `starts` limits where spans may begin (training stages)."""
+    if not throughput > 0:
+        raise ValueError(f"throughput must be positive, got {throughput}")
     length = max(1, min(length, load.num_blocks))
     start = best_start(load.planned, length, throughput, _starts(load.num_blocks, length, starts))
     return Span(start, start + length)
