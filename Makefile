@@ -20,6 +20,7 @@ test: $(MODEL_READY)
 bench: $(MODEL_READY)
 	$(PY) -m benchmarks.codec --model $(MODEL)
 	$(PY) -m benchmarks.generate --model $(MODEL)
+	$(PY) -m benchmarks.rebalance_sim
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

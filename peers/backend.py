@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swarm.errors import InvalidRequest
+from swarm.errors import InvalidRequest, InvalidSpan, WrongSpan
 from swarm.partition import BlockSpan, SpanCache
 
 
@@ -52,8 +52,19 @@ class SpanBackend:
             raise InvalidRequest(f"{field} holds NaN or Inf values")
 
     def blocks(self, start: int, end: int) -> range:
-        """The absolute block range [start, end), checked against the span (InvalidSpan otherwise)."""
-        return self.span.sub_range(range(start, end))
+        """The absolute block range [start, end), checked against the span.
+
+        Raises:
+            InvalidSpan: the range is empty or outside the model (a bug of the caller).
+            WrongSpan: the range is part of the model but not of this span: the caller's view is stale (the peer
+                moved), and another peer may serve it.
+        """
+        num_layers = self.span.cfg.num_layers
+        if not 0 <= start < end <= num_layers:
+            raise InvalidSpan(f"blocks [{start}, {end}) are empty or outside the model's {num_layers} blocks")
+        if not self.span.start <= start < end <= self.span.end:
+            raise WrongSpan(f"blocks [{start}, {end}) are not within this span [{self.span.start}, {self.span.end})")
+        return range(start, end)
 
     @torch.inference_mode()
     def forward(self, jobs: list[ForwardJob]) -> list[torch.Tensor]:

@@ -13,12 +13,30 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """How a peer picks its blocks and when it moves (peers/placement.py decides, peers/rebalance.py acts)."""
+
+    memory_gib: float | None = None  # budget for weights + KV cache when not told the span; None: the device's free
+    rebalance: bool | None = None  # move to where the swarm needs blocks; None: only if placement chose the span
+    rebalance_period_s: float = 120.0  # mean time between checks; each wait is drawn from [0.5, 1.5] x this
+    rebalance_margin: float = 0.3  # hysteresis: see peers/placement.py plan_move
+
+    def __post_init__(self) -> None:
+        if self.memory_gib is not None and self.memory_gib <= 0:
+            raise ValueError(f"memory_gib must be positive, got {self.memory_gib}")
+        if self.rebalance_period_s <= 0:
+            raise ValueError(f"rebalance_period_s must be positive, got {self.rebalance_period_s}")
+        if self.rebalance_margin < 0:
+            raise ValueError(f"rebalance_margin must be >= 0, got {self.rebalance_margin}")
+
+
+@dataclass(frozen=True, slots=True)
 class PeerConfig:
     model_path: str
     initial_peers: tuple[str, ...] = ()
     model_name: str = ""  # registry key; "" means the checkpoint directory's name
     blocks: tuple[int, int] | None = None  # explicit span [start, end); None lets placement choose
-    num_blocks: int | None = None  # how many blocks placement should take; None: the whole model
+    num_blocks: int | None = None  # how many blocks placement should take; None: as many as fit the memory
     device: str = "cpu"
     dtype: str = "float32"
     host: str = "127.0.0.1"  # address the gRPC server binds and announces
@@ -29,10 +47,17 @@ class PeerConfig:
     threads: int = 0  # torch threads for compute; 0: one per core
     max_restarts: int = 10  # times Ray restarts a crashed stage actor (-1: forever)
     server: ServerConfig = field(default_factory=ServerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     @property
     def name(self) -> str:
         return self.model_name or Path(self.model_path).name
+
+    @property
+    def rebalances(self) -> bool:
+        """Told to, or by default when placement chose the span (a peer given --blocks stays where it was put)."""
+        rebalance = self.placement.rebalance
+        return rebalance if rebalance is not None else self.blocks is None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -41,10 +66,18 @@ class PeerConfig:
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.blocks is not None and self.num_blocks is not None:
             raise ValueError("give --blocks or --num-blocks, not both")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> PeerConfig:
         server = dataclasses.replace(ServerConfig(), host=ns.host, port=ns.port, cache_tokens=ns.cache_tokens)
+        placement = PlacementConfig(
+            memory_gib=ns.memory_gib,
+            rebalance=ns.rebalance,
+            rebalance_period_s=ns.rebalance_period,
+            rebalance_margin=ns.rebalance_margin,
+        )
         return cls(
             model_path=str(ns.model),
             initial_peers=tuple(ns.initial_peers or ()),
@@ -59,6 +92,7 @@ class PeerConfig:
             announce_period_s=ns.announce_period or ns.ttl / 3,
             drain_grace_s=ns.drain_grace,
             server=server,
+            placement=placement,
         )
 
 

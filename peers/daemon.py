@@ -1,5 +1,6 @@
 """A peer as the swarm sees it: chooses its span, announces JOINING, starts the stage actor, keeps the record
-fresh with what the actor measures, and on drain announces OFFLINE before the actor finishes its work.
+fresh with what the actor measures, moves to other blocks when its rebalancer says so, and on drain announces
+OFFLINE before the actor finishes its work.
 
 Runs in the process that owns the actor (`swarm peer join`, `swarm up`), next to its DHT node.
 """
@@ -8,13 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from peers.config import PeerConfig
-from peers.placement import choose_span
+from peers.memory import blocks_for_peer
+from peers.placement import UNMEASURED_TOKENS_PER_S, BlockLoad, choose_joining_span
+from peers.rebalance import Rebalancer
 from swarm.partition import open_checkpoint
 from swarm.registry import Announcer, Registry
 from swarm.types import PeerInfo, PeerState, Span
@@ -22,20 +26,34 @@ from swarm.types import PeerInfo, PeerState, Span
 logger = logging.getLogger(__name__)
 
 ACTOR_INFO_TIMEOUT_S = 5.0
+LOAD_TIMEOUT_S = 600.0
 
 
 class PeerDaemon:
     def __init__(
-        self, config: PeerConfig, registry: Registry, on_restart: Callable[[dict], None] | None = None
+        self,
+        config: PeerConfig,
+        registry: Registry,
+        on_restart: Callable[[dict], None] | None = None,
+        on_move: Callable[[dict], None] | None = None,
     ) -> None:
-        self.config, self.registry, self.on_restart = config, registry, on_restart
-        self.peer_id = uuid.uuid4().hex[:16]  # kept across actor restarts, so the record is updated in place
-        self.total_blocks = open_checkpoint(config.model_path)[2].num_layers
+        self.config, self.registry, self.on_restart, self.on_move = config, registry, on_restart, on_move
+        self.peer_id = uuid.uuid4().hex[:16]  # kept across actor restarts and moves: the record is updated in place
+        self.block_config = open_checkpoint(config.model_path)[2]
+        self.total_blocks = self.block_config.num_layers
+        self.expected_throughput = UNMEASURED_TOKENS_PER_S  # announced while JOINING, so placement counts the claim
         self.span = self._choose_span()
         self.state = PeerState.JOINING
         self.actor: Any = None
         self.last_info: dict | None = None
+        self._lock = threading.Lock()  # span, state and actor change together (moves) and are read together
+        self._move_lock = threading.Lock()  # held for a whole move; draining waits for it
         self.announcer = Announcer(registry, self.describe, config.announce_period_s, config.ttl_s)
+        self.rebalancer = (
+            Rebalancer(registry, config.name, self.total_blocks, self.describe, self.move_to, config.placement)
+            if config.rebalances
+            else None
+        )
 
     def launch(self) -> None:
         """Announce JOINING and start the actor (it loads its blocks in the background)."""
@@ -51,25 +69,29 @@ class PeerDaemon:
         self.last_info = wait_ready(self.actor, timeout_s)
         self.state = PeerState.ONLINE
         self.announcer.start()
+        if self.rebalancer is not None:
+            self.rebalancer.start()
         return self.last_info
 
     def describe(self) -> PeerInfo:
         """The record to announce. While the actor cannot answer (Ray is restarting it) the peer shows as JOINING:
         announced, not serving."""
-        if self.actor is None or self.state is not PeerState.ONLINE:
-            return self._record(self.state)
+        with self._lock:
+            state, span, actor = self.state, self.span, self.actor
+        if actor is None or state is not PeerState.ONLINE:
+            return self._record(state, span)
         try:
-            live = _actor_info(self.actor)
+            live = _actor_info(actor)
         except Exception as error:  # unavailable, restarting, or dead for good
             logger.warning("peer=%s actor not answering: %s", self.peer_id, error)
-            return self._record(PeerState.JOINING)
+            return self._record(PeerState.JOINING, span)
         if self.last_info is not None and live["pid"] != self.last_info["pid"]:
             logger.warning("peer=%s stage actor restarted by Ray: pid %s", self.peer_id, live["pid"])
             if self.on_restart is not None:
                 self.on_restart(live)
         self.last_info = live
         return dataclasses.replace(
-            self._record(PeerState.ONLINE),
+            self._record(PeerState.ONLINE, span),
             address=live["address"],
             forward_tokens_per_s=live["forward_tokens_per_s"],
             inference_steps_per_s=live["inference_steps_per_s"],
@@ -78,32 +100,78 @@ class PeerDaemon:
             metrics_address=live["metrics_address"],
         )
 
-    def _record(self, state: PeerState) -> PeerInfo:
-        return PeerInfo(self.peer_id, "", self.span, state, model=self.config.name, total_blocks=self.total_blocks)
+    def _record(self, state: PeerState, span: Span) -> PeerInfo:
+        return PeerInfo(
+            self.peer_id,
+            "",
+            span,
+            state,
+            forward_tokens_per_s=self.expected_throughput,
+            model=self.config.name,
+            total_blocks=self.total_blocks,
+        )
 
     def alive(self) -> bool:
         """False once Ray has given up on the actor (it restarts it on its own before that)."""
         import ray
 
+        with self._lock:
+            actor = self.actor
         try:
-            _actor_info(self.actor)
+            _actor_info(actor)
         except ray.exceptions.RayActorError as error:
-            return not isinstance(error, ray.exceptions.ActorDiedError)
+            if not isinstance(error, ray.exceptions.ActorDiedError):
+                return True
+            with self._lock:
+                return actor is not self.actor  # killed on purpose by a move, which started another
         except Exception:  # busy or restarting
             return True
         return True
 
+    def move_to(self, span: Span) -> None:
+        """Serve `span` instead: announce it as JOINING at once (routers stop sending new work here, other peers
+        see the claim), drain the actor (open sessions finish within the grace period or are cut, and clients
+        replay them elsewhere), then load `span` in a new actor and announce it ONLINE. Keeps the peer id."""
+        from peers.launch import spawn_peer, wait_ready
+
+        with self._move_lock:
+            if self.state is not PeerState.ONLINE:
+                return
+            if self.last_info is not None and self.last_info["forward_tokens_per_s"] > 0:
+                self.expected_throughput = self.last_info["forward_tokens_per_s"]  # same length, same hardware
+            with self._lock:
+                old_span, old_actor = self.span, self.actor
+                self.span, self.state = span, PeerState.JOINING
+            logger.info("peer=%s moving from blocks %s to %s", self.peer_id, old_span, span)
+            self.announcer.announce_now()
+            _finish_draining(self.peer_id, old_actor.drain.remote(), self.config.drain_grace_s + 30)
+            with self._lock:
+                _kill(old_actor)
+                self.actor = spawn_peer(self.config, self.peer_id, span)
+            self.last_info = wait_ready(self.actor, LOAD_TIMEOUT_S)
+            with self._lock:
+                self.state = PeerState.ONLINE
+            self.announcer.announce_now()
+            if self.on_move is not None:
+                self.on_move(self.last_info)
+
     def drain_started(self) -> Any:
-        """Announce OFFLINE at once (routers stop sending), then ask the actor to drain; returns its ObjectRef."""
-        self.state = PeerState.OFFLINE
+        """Stop moving, announce OFFLINE at once (routers stop sending), then ask the actor to drain; returns its
+        ObjectRef. A move in progress finishes first."""
+        if self.rebalancer is not None:
+            self.rebalancer.stop()
+        with self._move_lock, self._lock:
+            self.state = PeerState.OFFLINE
         self.announcer.stop(PeerState.OFFLINE)
         return self.actor.drain.remote()
 
     def _choose_span(self) -> Span:
         if self.config.blocks is not None:
             return Span(*self.config.blocks)
-        length = self.config.num_blocks or self.total_blocks
-        return choose_span(self.registry.peers(self.config.name), self.total_blocks, length)
+        length = blocks_for_peer(self.config, self.block_config)
+        load = BlockLoad.from_peers(self.registry.peers(self.config.name), self.total_blocks)
+        span, self.expected_throughput = choose_joining_span(load, length)
+        return span
 
 
 def _actor_info(actor: Any) -> dict:
@@ -112,19 +180,29 @@ def _actor_info(actor: Any) -> dict:
     return ray.get(actor.info.remote(), timeout=ACTOR_INFO_TIMEOUT_S)
 
 
-def drain(daemons: list[PeerDaemon], timeout_s: float) -> bool:
-    """Drain every peer concurrently, then kill the actors; True if all finished their in-flight work."""
+def _finish_draining(peer_id: str, drained: Any, timeout_s: float) -> bool:
     import ray
 
+    try:
+        return bool(ray.get(drained, timeout=timeout_s))
+    except (ray.exceptions.RayError, TimeoutError) as error:  # dead, restarting or too slow
+        logger.warning("peer=%s drain did not complete: %s", peer_id, error)
+        return False
+
+
+def _kill(actor: Any) -> None:
+    import ray
+
+    ray.kill(actor, no_restart=True)
+
+
+def drain(daemons: list[PeerDaemon], timeout_s: float) -> bool:
+    """Drain every peer concurrently, then kill the actors; True if all finished their in-flight work."""
     pending = [(daemon, daemon.drain_started()) for daemon in daemons]
     deadline = time.monotonic() + timeout_s
     finished = True
     for daemon, ref in pending:
-        try:
-            finished &= bool(ray.get(ref, timeout=max(deadline - time.monotonic(), 0.1)))
-        except (ray.exceptions.RayError, TimeoutError) as error:  # dead, restarting or too slow
-            logger.warning("peer=%s drain did not complete: %s", daemon.peer_id, error)
-            finished = False
+        finished &= _finish_draining(daemon.peer_id, ref, max(deadline - time.monotonic(), 0.1))
     for daemon, _ in pending:
-        ray.kill(daemon.actor, no_restart=True)
+        _kill(daemon.actor)
     return finished

@@ -21,6 +21,7 @@ from swarm.errors import (
     SwarmError,
     UnknownCodecError,
     UnsupportedArchitectureError,
+    WrongSpan,
 )
 from swarm.types import Hop, PeerInfo, PeerState, Route, Span
 
@@ -46,6 +47,7 @@ __all__ = [
     "SwarmError",
     "UnknownCodecError",
     "UnsupportedArchitectureError",
+    "WrongSpan",
     "__version__",
     "decode",
     "encode",

@@ -60,6 +60,11 @@ class InvalidSpan(SwarmError, ValueError):
     """A block range is empty, reversed or outside the model."""
 
 
+class WrongSpan(SwarmError):
+    """The peer does not serve the blocks asked for: it has moved to other blocks, or the caller's registry view
+    is stale. Not the peer's fault and not a bug: re-read the registry and route those blocks elsewhere."""
+
+
 _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (PeerUnavailable, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -68,6 +73,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidSpan, grpc.StatusCode.INVALID_ARGUMENT),
+    (WrongSpan, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
 _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
@@ -77,6 +83,7 @@ _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
     grpc.StatusCode.NOT_FOUND: SessionNotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: WrongSpan,
 }
 
 

@@ -1,7 +1,8 @@
 """`swarm peer join`: run a peer daemon that serves a span of blocks from a Ray actor until SIGTERM.
 
 Run: `swarm peer join --model .cache/models/smollm2-135m --initial-peers ADDRESS --num-blocks 15`, with ADDRESS
-the multiaddress `swarm up` printed (/ip4/127.0.0.1/tcp/PORT/p2p/ID).
+the multiaddress `swarm up` printed (/ip4/127.0.0.1/tcp/PORT/p2p/ID). Without --blocks the peer takes the span
+the swarm needs most and moves when another span needs it more (peers/placement.py, peers/rebalance.py).
 SIGTERM (a preemption notice) drains: the peer announces OFFLINE, refuses new sessions, finishes in-flight work
 within --drain-grace seconds, and the command exits 0.
 """
@@ -28,8 +29,29 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--initial-peers", nargs="*", default=[], help="DHT multiaddresses to join through")
     parser.add_argument("--model-name", default="", help="name in the registry (default: the directory's name)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--blocks", default=None, help="serve blocks START:END")
-    group.add_argument("--num-blocks", type=int, default=None, help="serve this many of the least-served blocks")
+    group.add_argument("--blocks", default=None, help="serve blocks START:END (and stay there unless --rebalance)")
+    group.add_argument(
+        "--num-blocks", type=int, default=None, help="serve this many blocks (default: as many as fit --memory-gib)"
+    )
+    parser.add_argument(
+        "--memory-gib", type=float, default=None, help="memory for weights + KV cache (default: 90%% of what is free)"
+    )
+    parser.add_argument(
+        "--rebalance",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="move to the blocks the swarm needs most (default: on, off with --blocks)",
+    )
+    # Defaults are PlacementConfig's (a unit test checks), written out so that `swarm --help` does not import torch.
+    parser.add_argument(
+        "--rebalance-period", type=float, default=120.0, help="mean seconds between checks (each wait 0.5-1.5x)"
+    )
+    parser.add_argument(
+        "--rebalance-margin",
+        type=float,
+        default=0.3,
+        help="hysteresis: blocks left must keep (1 + this / sqrt(peers on them)) x the target throughput",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve and announce")
@@ -51,7 +73,7 @@ def run_join(ns: argparse.Namespace) -> int:
     connect_ray(ns.ray_address)
     registry = Registry(config.initial_peers, host=config.host)
     try:
-        daemon = PeerDaemon(config, registry, on_restart=_print_restart)
+        daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
         daemon.launch()
         info = daemon.wait_serving()
         start, end = info["span"]
@@ -71,3 +93,8 @@ def run_join(ns: argparse.Namespace) -> int:
 
 def _print_restart(info: dict) -> None:
     print(f"stage actor restarted by Ray at {info['address']}; stage actor pid {info['pid']}", flush=True)
+
+
+def _print_move(info: dict) -> None:
+    start, end = info["span"]
+    print(f"moved to blocks [{start}, {end}) at {info['address']}; stage actor pid {info['pid']}", flush=True)

@@ -17,7 +17,7 @@ import torch
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
 from swarm.codec import CodecId, decode, encode, join, split
-from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, SwarmError, error_for
+from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, SwarmError, WrongSpan, error_for
 from swarm.router import Router
 from swarm.types import Hop, PeerInfo, Span
 
@@ -117,7 +117,7 @@ class _Retries:
         if self.left <= 0:
             raise PeerUnavailable(f"blocks {hop.span} failed too often; last: {error}") from error
         self.left -= 1
-        if isinstance(error, Overloaded):  # alive but full: step aside briefly, no escalating ban
+        if isinstance(error, Overloaded | WrongSpan):  # alive but full, or moved: step aside, no escalating ban
             router.bans.pause(hop.peer_id, 2.0)
         else:
             router.bans.ban(hop.peer_id)

@@ -28,6 +28,7 @@ from swarm.errors import (
     Overloaded,
     PeerUnavailable,
     SwarmError,
+    WrongSpan,
     error_for,
 )
 from swarm.router import Router
@@ -212,7 +213,7 @@ class InferenceSession:
             self.failovers += 1
             if self.failovers > self.max_failovers:
                 raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
-            if isinstance(error, Overloaded):  # alive but full: step aside for a moment, no escalating ban
+            if isinstance(error, Overloaded | WrongSpan):  # alive but full, or moved: step aside, no escalating ban
                 backoff = self.router.bans.pause(culprit, OVERLOADED_PAUSE_S)
             else:
                 backoff = self.router.bans.ban(culprit)

@@ -23,23 +23,28 @@ class Announcer:
         self.registry, self.describe, self.period_s, self.ttl_s = registry, describe, period_s, ttl_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="announcer", daemon=True)
+        # describe() and the store happen together, so a record described before a state change (a peer moving
+        # to other blocks) is never stored after the record described after it.
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         self.announce_now()
         self._thread.start()
 
     def announce_now(self) -> None:
-        info = self.describe()
-        if not self.registry.announce(info, self.ttl_s):
-            logger.warning("peer=%s span=%s announce was not stored", info.peer_id, info.span)
+        with self._lock:
+            info = self.describe()
+            if not self.registry.announce(info, self.ttl_s):
+                logger.warning("peer=%s span=%s announce was not stored", info.peer_id, info.span)
 
     def stop(self, final_state: PeerState = PeerState.OFFLINE) -> None:
         """Stop refreshing and announce `final_state` briefly, so routers learn at once instead of at expiry."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(self.period_s + 5)
-        info = dataclasses.replace(self.describe(), state=final_state)
-        self.registry.announce(info, min(self.ttl_s, 10.0))
+        with self._lock:
+            info = dataclasses.replace(self.describe(), state=final_state)
+            self.registry.announce(info, min(self.ttl_s, 10.0))
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s * random.uniform(0.9, 1.1)):

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from peers.server import PeerServer, ServerConfig
-from swarm.client import InferenceSession
+from swarm.client import InferenceSession, RemoteSequential
 from swarm.codec import CodecId
 from swarm.errors import InvalidRequest, MissingBlocks
 from swarm.partition import load_span
-from swarm.router import MinLatencyRouter
+from swarm.router import MinLatencyRouter, WiringRouter
 from swarm.types import Span
 
 from .test_peer_rpc import forward
@@ -210,3 +210,32 @@ def test_a_replacement_that_fails_during_replay_is_skipped_and_long_histories_re
         assert s.route[0].peer_id == "peer-0" and s.failovers == 2
     # Replays in pieces round differently from the original steps (fp32, activations in the thousands).
     assert max(float((g - e).abs().max() / e.abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-5
+
+
+def test_a_stale_route_to_a_peer_that_moved_fails_over_and_outputs_do_not_change(peer_servers) -> None:
+    """The client's view still shows a peer on [15, 30) that has since moved to [0, 15) at the same address: the
+    peer answers FAILED_PRECONDITION (WrongSpan), and the session reroutes that span instead of giving up."""
+    tokens = torch.randn(1, 7, 576, generator=torch.Generator().manual_seed(3))
+    steps = [5, 1, 1]
+    expected = local_chain([s.backend.span for s in peer_servers], tokens, steps)
+    current = [peer_info(s) for s in peer_servers]
+    stale = dataclasses.replace(current[0], peer_id="moved", span=Span(15, 30), inference_steps_per_s=99.0)
+    slow = dataclasses.replace(current[1], inference_steps_per_s=0.5)  # the stale record looks faster
+    router = MinLatencyRouter()
+    with InferenceSession(
+        router, lambda fresh=False: [current[0], stale, slow], EVERYTHING, 1, 16, CodecId.NONE
+    ) as session:
+        assert [h.peer_id for h in session.route] == ["peer-0", "moved"]
+        got = [session.step(tokens[:, session.position : session.position + n]) for n in steps]
+        assert [h.peer_id for h in session.route] == ["peer-0", "peer-15"] and session.failovers == 1
+    assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-4
+    # A forward call on the stale route is retried on the peer that does serve [15, 30).
+    stale_forward = dataclasses.replace(stale, forward_tokens_per_s=1e6)
+    blocks = RemoteSequential(WiringRouter(), lambda: [stale_forward, slow], Span(15, 30), CodecId.NONE)
+    try:
+        hidden = tokens[:, :4]
+        with torch.inference_mode():
+            assert torch.allclose(blocks(hidden), peer_servers[1].backend.span(hidden), atol=1e-4)
+        assert blocks.router.bans.is_banned("moved")  # tried first, stepped aside from
+    finally:
+        blocks.close()

@@ -16,10 +16,11 @@ from swarm.codec import CodecId, encode
 from .wire import session_requests
 
 V = pb.PROTOCOL_VERSION_CURRENT
-INVALID, EXHAUSTED, NOT_FOUND = (
+INVALID, EXHAUSTED, NOT_FOUND, NOT_HERE = (
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.FAILED_PRECONDITION,
 )
 
 
@@ -64,7 +65,9 @@ FORWARD_CASES = {
         INVALID,
         "unknown codec id 77",
     ),
-    "blocks outside the span": (forward_request(torch.randn(1, 2, 576), end_block=20), INVALID, "not within"),
+    # another peer may serve them: a stale route (the peer moved), which clients fail over from
+    "blocks outside the span": (forward_request(torch.randn(1, 2, 576), end_block=20), NOT_HERE, "not within"),
+    "blocks outside the model": (forward_request(torch.randn(1, 2, 576), end_block=31), INVALID, "outside the model"),
     "missing tensor": (pb.ForwardRequest(protocol_version=V, start_block=0, end_block=15), INVALID, "missing"),
     "old protocol": (forward_request(torch.randn(1, 2, 576), protocol_version=0), INVALID, "protocol_version 0"),
     "oversized message": (forward_request(torch.randn(1, 2000, 576)), EXHAUSTED, "larger than max"),

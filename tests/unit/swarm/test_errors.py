@@ -17,6 +17,7 @@ from swarm import errors
         (errors.UnknownCodecError("x"), grpc.StatusCode.INVALID_ARGUMENT),
         (errors.MalformedTensorError("x"), grpc.StatusCode.INVALID_ARGUMENT),
         (errors.InvalidSpan("x"), grpc.StatusCode.INVALID_ARGUMENT),
+        (errors.WrongSpan("x"), grpc.StatusCode.FAILED_PRECONDITION),
         (RuntimeError("x"), grpc.StatusCode.INTERNAL),
     ],
 )
@@ -25,7 +26,8 @@ def test_each_error_maps_to_one_status(error: Exception, code: grpc.StatusCode) 
 
 
 def test_client_side_mapping_inverts_the_table_for_retryable_classes() -> None:
-    for error_type in (errors.PeerUnavailable, errors.Overloaded, errors.SessionLost, errors.InvalidRequest):
+    retryable = (errors.PeerUnavailable, errors.Overloaded, errors.SessionLost, errors.WrongSpan)
+    for error_type in (*retryable, errors.InvalidRequest):
         code = errors.status_for(error_type("x"))
         rebuilt = errors.error_for(code, "details")
         assert isinstance(rebuilt, error_type) and "details" in str(rebuilt)
