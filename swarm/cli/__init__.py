@@ -1,7 +1,9 @@
 """The `swarm` command line. One module per command; each exposes `add_parser(subparsers)` and `run(ns)`.
 
 convert.py: `swarm convert` and `swarm convert-test-model`; demo.py: `swarm demo`; peer.py: `swarm peer join`;
-up.py: `swarm up` (a whole swarm on one machine); status.py: `swarm status`; generate.py: `swarm generate`.
+up.py: `swarm up` (a whole swarm on one machine); status.py: `swarm status`; generate.py: `swarm generate`;
+prometheus_targets.py: `swarm prometheus-targets` (Prometheus file-SD from the registry); monitor.py: `swarm monitor`
+(the live swarm map).
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ import argparse
 import logging
 import sys
 
-from swarm.cli import convert, demo, generate, peer, status, up
+from swarm.cli import convert, demo, generate, monitor, peer, prometheus_targets, status, up
 from swarm.errors import SwarmError
 
-COMMANDS = (convert, demo, peer, up, status, generate)
+COMMANDS = (convert, demo, peer, up, status, generate, monitor, prometheus_targets)
 
 
 def build_parser() -> argparse.ArgumentParser:
