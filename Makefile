@@ -8,12 +8,17 @@ INSTALLED := $(VENV)/.installed
 MODEL := .cache/models/smollm2-135m
 MODEL_READY := $(MODEL)/config.json
 
-.PHONY: demo test bench lint proto model clean
+# Debian packages the operating tests use (a real Prometheus, headless Chromium); installed only when missing.
+TEST_TOOLS := /usr/bin/prometheus /usr/bin/chromium
+APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test bench lint proto model clean test-tools
 
 demo: $(MODEL_READY)
 	$(PY) -m swarm demo --model $(MODEL)
 
-test: $(MODEL_READY)
+test: $(MODEL_READY) test-tools
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
 
@@ -29,6 +34,18 @@ proto: $(INSTALLED)
 	$(PY) proto/generate.py
 
 model: $(MODEL_READY)
+
+# No service is started: a policy-rc.d that denies starts is put in place for the install when none exists.
+test-tools:
+	@missing=""; for tool in $(TEST_TOOLS); do [ -x $$tool ] || missing="$$missing $$(basename $$tool)"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		policy=/usr/sbin/policy-rc.d; made_policy=""; \
+		if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' | $(SUDO) tee $$policy >/dev/null && \
+			$(SUDO) chmod +x $$policy && made_policy=1; fi; \
+		$(SUDO) $(APT_GET) update -qq && $(SUDO) $(APT_GET) install -y -qq --no-install-recommends $$missing; \
+		status=$$?; [ -z "$$made_policy" ] || $(SUDO) rm -f $$policy; exit $$status; \
+	fi
 
 # torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 $(INSTALLED): pyproject.toml

@@ -4,7 +4,7 @@ tests that remove a whole node. Built on Ray's own `ray.cluster_utils.Cluster`.
 Run: `python -m cluster.local --nodes 3 --state /tmp/rayswarm-cluster.json`; it prints the Ray address and one JSON
 line per node, then serves until SIGTERM/Ctrl-C. Node i has the custom resource `node<i>` (100 units), so peers
 pin their stage actors with `swarm peer join --ray-address ADDR --ray-resources '{"node1": 1}'`.
-`python -m cluster.local remove node2 --state /tmp/rayswarm-cluster.json` kills node 2 at once (its raylet, its
+`python -m cluster.local --state /tmp/rayswarm-cluster.json remove node2` kills node 2 at once (its raylet, its
 agents and every worker on it), as a preempted machine would vanish.
 
 Why not `ray start --address` per node: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (which keeps Ray on 127.0.0.1,

@@ -86,7 +86,8 @@ class MonitorServer:
         return 404, "text/plain; charset=utf-8", b"not found\n"
 
     def close(self) -> None:
-        self._http.shutdown()
+        if self._thread.is_alive():  # shutdown() would wait forever for a loop that never started
+            self._http.shutdown()
         self._http.server_close()
 
 
