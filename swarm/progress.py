@@ -8,6 +8,7 @@ import contextlib
 import io
 import re
 import sys
+import threading
 from collections.abc import Iterator
 
 from tqdm import tqdm
@@ -47,3 +48,27 @@ def quiet_foreign_bars(enabled: bool) -> Iterator[None]:
         for line in re.split(r"[\r\n]+", captured.getvalue()):
             if line.strip() and not TQDM_LINE.search(line):
                 print(line, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def waiting(description: str, enabled: bool = True) -> Iterator[None]:
+    """An elapsed-time bar while something we cannot measure runs elsewhere (a stage actor loading its blocks in
+    Ray): it says what is awaited and for how long, on a terminal only."""
+    bar = tqdm(desc=description, bar_format="{desc}: {elapsed}", disable=None if enabled else True, leave=False,
+               file=sys.stderr)  # fmt: skip
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.5):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, name="progress-waiting", daemon=True)
+    if not bar.disable:
+        ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if ticker.is_alive():
+            ticker.join(2)
+        bar.close()

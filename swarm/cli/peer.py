@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from swarm.cli._daemon import wait_for_stop_signal
+from swarm.progress import waiting
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -66,7 +67,8 @@ def run_join(ns: argparse.Namespace) -> int:
     try:
         daemon = PeerDaemon(config, registry, on_restart=_print_restart)
         daemon.launch()
-        info = daemon.wait_serving()
+        with waiting(f"stage actor loading blocks {daemon.span} of {config.name}"):
+            info = daemon.wait_serving()
         start, end = info["span"]
         print(
             f"peer {info['peer_id']} serving blocks [{start}, {end}) of {config.name} at {info['address']}", flush=True

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from swarm.cli._daemon import wait_for_stop_signal
+from swarm.progress import waiting
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +46,9 @@ def run(ns: argparse.Namespace) -> int:
         host=ns.host,
     )
     try:
-        for info in swarm.start():
+        with waiting(f"{ns.peers} stage actor(s) loading their blocks", enabled=ns.peers > 0):
+            infos = swarm.start()
+        for info in infos:
             start, end = info["span"]
             print(f"peer {info['peer_id']} blocks [{start}, {end}) at {info['address']}", flush=True)
         print(f"ray address: {swarm.ray_address}", flush=True)

@@ -6,7 +6,7 @@ import contextlib
 import io
 import sys
 
-from swarm.progress import progress_bar, quiet_foreign_bars
+from swarm.progress import progress_bar, quiet_foreign_bars, waiting
 
 
 def test_bars_are_silent_off_a_terminal() -> None:
@@ -28,3 +28,10 @@ def test_foreign_bars_are_dropped_and_other_output_kept() -> None:
             pass
         print("a warning worth reading", file=sys.stderr)
     assert stream.getvalue() == "a warning worth reading\n"
+
+
+def test_waiting_is_silent_off_a_terminal() -> None:
+    stream = io.StringIO()
+    with contextlib.redirect_stderr(stream), waiting("stage actor loading blocks [0, 15)"):
+        pass
+    assert stream.getvalue() == ""
