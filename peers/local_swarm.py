@@ -1,5 +1,7 @@
 """The embedded default: a local Ray bound to 127.0.0.1, a DHT bootstrap node and N peers covering the model
-(N = 0: just Ray and the DHT, for peers that join later). Used by `swarm up` and `swarm demo`."""
+(N = 0: just Ray and the DHT, for peers that join later). Used by `swarm up` and `swarm demo`; on the head node of
+a Ray cluster (cluster/), `swarm up --ray-address` attaches to that cluster instead of starting one, and the DHT
+address is published in Ray for the workers' `swarm peer join`."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 
 from peers.config import PeerConfig
 from peers.daemon import PeerDaemon, drain
-from peers.launch import connect_ray
+from peers.launch import connect_ray, publish_initial_peers
 from peers.server import ServerConfig
 from swarm.partition import open_checkpoint
 from swarm.registry import Registry
@@ -17,20 +19,29 @@ from swarm.registry import Registry
 
 class LocalSwarm:
     def __init__(
-        self, model_path: str | Path, num_peers: int, ttl_s: float = 30.0, cache_tokens: int = 65536, dht_port: int = 0
+        self,
+        model_path: str | Path,
+        num_peers: int,
+        ttl_s: float = 30.0,
+        cache_tokens: int = 65536,
+        dht_port: int = 0,
+        ray_address: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         num_blocks = open_checkpoint(model_path)[2].num_layers
         if not 0 <= num_peers <= num_blocks:
             raise ValueError(f"the number of peers must be between 0 and {num_blocks}, got {num_peers}")
-        connect_ray(None)
-        self.bootstrap = Registry(port=dht_port)
+        connect_ray(ray_address)
+        self.bootstrap = Registry(host=host, port=dht_port)
         self.initial_peers = tuple(self.bootstrap.addresses)
+        publish_initial_peers(self.initial_peers)
         self.config = PeerConfig(
             model_path=str(model_path),
             initial_peers=self.initial_peers,
+            host=host,
             ttl_s=ttl_s,
             announce_period_s=ttl_s / 3,
-            server=ServerConfig(cache_tokens=cache_tokens),
+            server=ServerConfig(host=host, cache_tokens=cache_tokens),
         )
         bounds = [round(i * num_blocks / num_peers) for i in range(num_peers + 1)] if num_peers else []
         self.daemons = [

@@ -1,11 +1,13 @@
 """The Prometheus metrics a peer exports on /metrics (names `swarm_*`), in a registry of its own so that several
-peers can live in one process (tests). Documented in dashboards/README.md."""
+peers can live in one process (tests). Documented in the README's metrics table, shown by dashboards/."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -46,7 +48,32 @@ class PeerMetrics:
         for gauge, function in read.items():
             gauge.set_function(function)
 
+    def bind_compute_totals(
+        self, tokens: Callable[[], Mapping[str, float]], busy_s: Callable[[], Mapping[str, float]]
+    ) -> None:
+        """Counters of tokens computed and seconds spent computing, by task kind, read from the scheduler."""
+        self.registry.register(_ComputeTotals(tokens, busy_s))
+
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics over HTTP; returns the port (useful with port 0)."""
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         return server.server_port
+
+
+class _ComputeTotals(Collector):
+    """swarm_tokens_processed_total and swarm_compute_seconds_total, read at scrape time (the scheduler keeps the
+    running sums; a Counter would need a lock on its hot path)."""
+
+    def __init__(self, tokens: Callable[[], Mapping[str, float]], busy_s: Callable[[], Mapping[str, float]]) -> None:
+        self.tokens, self.busy_s = tokens, busy_s
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        families = (
+            ("swarm_tokens_processed", "Tokens the span computed, by task kind", self.tokens),
+            ("swarm_compute_seconds", "Seconds the span spent computing, by task kind", self.busy_s),
+        )
+        for name, documentation, read in families:
+            family = CounterMetricFamily(name, documentation, labels=["kind"])
+            for kind, value in sorted(read().items()):
+                family.add_metric([kind], value)
+            yield family

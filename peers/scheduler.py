@@ -63,6 +63,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closed = False
         self.meters = {kind: RateMeter() for kind in TaskKind}
+        self.tokens_total = {kind: 0 for kind in TaskKind}  # tokens computed since start, for Prometheus counters
+        self.busy_s_total = {kind: 0.0 for kind in TaskKind}  # seconds the worker spent computing
         self._worker = threading.Thread(target=self._run, name="peer-scheduler", daemon=True)
         self._worker.start()
 
@@ -128,7 +130,9 @@ class Scheduler:
             for task in group:
                 task.future.set_exception(error)
             return
-        units = 1 if kind is TaskKind.INFERENCE else sum(task.tokens for task in group)
-        self.meters[kind].record(units, time.perf_counter() - started)
+        elapsed, tokens = time.perf_counter() - started, sum(task.tokens for task in group)
+        self.meters[kind].record(1 if kind is TaskKind.INFERENCE else tokens, elapsed)
+        self.tokens_total[kind] += tokens
+        self.busy_s_total[kind] += elapsed
         for task, result in zip(group, results, strict=True):
             task.future.set_result(result)

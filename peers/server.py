@@ -126,6 +126,11 @@ class PeerServer:
                 m.inference_steps_per_s: lambda: meters[TaskKind.INFERENCE].rate,
             }
         )
+        scheduler = self.scheduler
+        m.bind_compute_totals(
+            lambda: {kind.name.lower(): total for kind, total in scheduler.tokens_total.items()},
+            lambda: {kind.name.lower(): total for kind, total in scheduler.busy_s_total.items()},
+        )
 
     def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):

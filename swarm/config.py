@@ -18,3 +18,4 @@ class ClientConfig:
     ban_max_s: float = 60.0
     dht_host: str = "127.0.0.1"  # address of the client's own (client-mode) DHT node
     push: bool = True  # peers forward each step's output to the next peer themselves (server-to-server push)
+    metrics_port: int | None = None  # serve the client's Prometheus /metrics on dht_host:port (0: any); None: not

@@ -2,7 +2,8 @@
 
 convert.py: `swarm convert` and `swarm convert-test-model`; demo.py: `swarm demo`; peer.py: `swarm peer join`;
 up.py: `swarm up` (a whole swarm on one machine); status.py: `swarm status`; generate.py: `swarm generate`;
-train.py: `swarm train`, `swarm export`, `swarm init-model`.
+prometheus_targets.py: `swarm prometheus-targets` (Prometheus file-SD from the registry); monitor.py: `swarm monitor`
+(the live swarm map); train.py: `swarm train`, `swarm export`, `swarm init-model`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import argparse
 import logging
 import sys
 
-from swarm.cli import convert, demo, generate, peer, status, train, up
+from swarm.cli import convert, demo, generate, monitor, peer, prometheus_targets, status, train, up
 from swarm.errors import SwarmError
 
-COMMANDS = (convert, demo, peer, up, status, generate, train)
+COMMANDS = (convert, demo, peer, up, status, generate, monitor, prometheus_targets, train)
 
 
 def build_parser() -> argparse.ArgumentParser:

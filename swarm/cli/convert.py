@@ -23,10 +23,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_convert(ns: argparse.Namespace) -> int:
-    print(convert_gguf(ns.gguf, ns.out))
+    print(convert_gguf(ns.gguf, ns.out, progress=True))
     return 0
 
 
 def run_test_model(ns: argparse.Namespace) -> int:
-    print(ensure_test_model(ns.out))
+    print(ensure_test_model(ns.out, progress=True))
     return 0

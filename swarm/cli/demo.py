@@ -46,7 +46,7 @@ def run(ns: argparse.Namespace) -> int:
         expected = reference.generate(input_ids, max_new_tokens=ns.new_tokens, do_sample=False)[
             0, input_ids.shape[1] :
         ]
-    head = load_client_head(ns.model)
+    head = load_client_head(ns.model, progress=True)
     print(f"prompt: {ns.prompt!r}")
     print("\n-- part 1: the model cut into spans, in this process --")
     _report(tokenizer, expected.tolist(), *_generate(head, _local_spans(ns.model, ns.spans), input_ids, ns.new_tokens))
@@ -59,7 +59,7 @@ def run(ns: argparse.Namespace) -> int:
 def _local_spans(model: Path, count: int) -> Step:
     num_layers = open_checkpoint(model)[2].num_layers
     bounds = [round(i * num_layers / count) for i in range(count + 1)]
-    spans = [load_span(model, start, end) for start, end in itertools.pairwise(bounds)]
+    spans = [load_span(model, start, end, progress=True) for start, end in itertools.pairwise(bounds)]
     total = sum(span.parameter_bytes() for span in spans)
     for span in spans:
         print(

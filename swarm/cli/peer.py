@@ -10,10 +10,12 @@ within --drain-grace seconds, and the command exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from swarm.cli._daemon import wait_for_stop_signal
+from swarm.progress import waiting
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,12 +23,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     join = peer.add_parser("join", help="join a swarm and serve blocks until SIGTERM")
     add_peer_flags(join)
     join.add_argument("--ray-address", default=None, help="Ray cluster to run on (default: start a local one)")
+    join.add_argument(
+        "--ray-resources",
+        default=None,
+        help="custom Ray resources the stage actor needs, as JSON, e.g. '{\"node1\": 1}' to pin it to a node",
+    )
     join.set_defaults(run=run_join)
 
 
 def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
-    parser.add_argument("--initial-peers", nargs="*", default=[], help="DHT multiaddresses to join through")
+    parser.add_argument(
+        "--initial-peers",
+        nargs="*",
+        default=[],
+        help="DHT multiaddresses to join through (default with --ray-address: those `swarm up` published in Ray)",
+    )
     parser.add_argument("--model-name", default="", help="name in the registry (default: the directory's name)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--blocks", default=None, help="serve blocks START:END (and stay there unless --rebalance)")
@@ -66,16 +78,19 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
 def run_join(ns: argparse.Namespace) -> int:
     from peers.config import PeerConfig
     from peers.daemon import PeerDaemon, drain
-    from peers.launch import connect_ray
+    from peers.launch import connect_ray, published_initial_peers
     from swarm.registry import Registry
 
     config = PeerConfig.from_args(ns)
     connect_ray(ns.ray_address)
+    if ns.ray_address and not config.initial_peers:
+        config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
     registry = Registry(config.initial_peers, host=config.host)
     try:
         daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
         daemon.launch()
-        info = daemon.wait_serving()
+        with waiting(f"stage actor loading blocks {daemon.span} of {config.name}"):
+            info = daemon.wait_serving()
         start, end = info["span"]
         print(
             f"peer {info['peer_id']} serving blocks [{start}, {end}) of {config.name} at {info['address']}", flush=True

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from swarm.types import PeerInfo, PeerState, block_ranges
+from swarm.monitoring.snapshot import ModelView
+from swarm.types import PeerInfo, block_ranges
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -47,12 +48,8 @@ def render(model: str, peers: list[PeerInfo]) -> str:
 
 
 def coverage(peers: list[PeerInfo]) -> str:
-    total = max([p.total_blocks for p in peers] + [p.span.end for p in peers] + [0])
-    online = [0] * total
-    for peer in peers:
-        if peer.state is PeerState.ONLINE:
-            for block in range(peer.span.start, min(peer.span.end, total)):
-                online[block] += 1
+    view = ModelView.of("", peers)
+    total, online = view.total_blocks, view.online_per_block
     missing = [block for block, count in enumerate(online) if count == 0]
     counts = ",".join(str(c) for c in online)
     if not missing:

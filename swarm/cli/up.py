@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from swarm.cli._daemon import wait_for_stop_signal
+from swarm.progress import waiting
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,15 +24,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dht-port", type=int, default=0, help="port of the DHT bootstrap node (default: any)")
     parser.add_argument("--ttl", type=float, default=30.0, help="seconds a record lives without a refresh")
     parser.add_argument("--cache-tokens", type=int, default=65536, help="KV-cache pool of each peer, in tokens")
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="attach to this Ray cluster (e.g. auto on a head node) instead of starting one",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address the DHT node and the peers bind and announce")
     parser.set_defaults(run=run)
 
 
 def run(ns: argparse.Namespace) -> int:
     from peers.local_swarm import LocalSwarm
 
-    swarm = LocalSwarm(ns.model, ns.peers, ttl_s=ns.ttl, cache_tokens=ns.cache_tokens, dht_port=ns.dht_port)
+    swarm = LocalSwarm(
+        ns.model,
+        ns.peers,
+        ttl_s=ns.ttl,
+        cache_tokens=ns.cache_tokens,
+        dht_port=ns.dht_port,
+        ray_address=ns.ray_address,
+        host=ns.host,
+    )
     try:
-        for info in swarm.start():
+        with waiting(f"{ns.peers} stage actor(s) loading their blocks", enabled=ns.peers > 0):
+            infos = swarm.start()
+        for info in infos:
             start, end = info["span"]
             print(f"peer {info['peer_id']} blocks [{start}, {end}) at {info['address']}", flush=True)
         print(f"ray address: {swarm.ray_address}", flush=True)

@@ -3,13 +3,22 @@
 model.py: DistributedModelForCausalLM (Hugging Face-style); generate.py: the decoding loop; sequential.py:
 RemoteSequential (forward/backward through the swarm, in autograd); session.py: SpanSession (one inference stream
 to one peer) and InferenceSession (a route across the model with failover and replay); view.py: SwarmView (the
-registry's peers, refreshed in the background, and measured RTTs).
+registry's peers, refreshed in the background, and measured RTTs); metrics.py: ClientMetrics (failovers, retries,
+step latency for Prometheus).
 """
 
 from __future__ import annotations
 
+from swarm.client.metrics import ClientMetrics
 from swarm.client.model import DistributedModelForCausalLM, ModelSession
 from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession, SpanSession
 
-__all__ = ["DistributedModelForCausalLM", "InferenceSession", "ModelSession", "RemoteSequential", "SpanSession"]
+__all__ = [
+    "ClientMetrics",
+    "DistributedModelForCausalLM",
+    "InferenceSession",
+    "ModelSession",
+    "RemoteSequential",
+    "SpanSession",
+]

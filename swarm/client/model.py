@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from swarm.client.generate import GenerationParams, decode_loop
+from swarm.client.metrics import ClientMetrics
 from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
 from swarm.client.view import SwarmView
@@ -40,6 +41,7 @@ class ModelSession:
             model.client_config.step_timeout_s,
             model.client_config.max_failovers,
             model.client_config.push,
+            model.metrics,
         )
         self.tokens = torch.zeros(batch_size, 0, dtype=torch.long)  # every token the peers have seen
         self.pending = torch.zeros(batch_size, 0, dtype=torch.long)  # generated last turn, not fed yet
@@ -80,7 +82,12 @@ class DistributedModelForCausalLM:
         self.num_blocks = open_checkpoint(path)[2].num_layers
         self.head = load_client_head(path)
         self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True)
-        self.view = SwarmView(self.registry, config.model_name or Path(path).name, config.refresh_s)
+        name = config.model_name or Path(path).name
+        self.metrics = ClientMetrics(name)
+        self.metrics_address = (
+            "" if config.metrics_port is None else self.metrics.serve(config.dht_host, config.metrics_port)
+        )
+        self.view = SwarmView(self.registry, name, config.refresh_s)
         self.router = MinLatencyRouter(rtt_s=self.view.rtt_s, bans=Bans(config.ban_base_s, config.ban_max_s))
         self.blocks = RemoteSequential(
             WiringRouter(bans=self.router.bans),
@@ -89,6 +96,7 @@ class DistributedModelForCausalLM:
             config.codec,
             timeout_s=config.step_timeout_s * 4,
             max_retries=config.max_failovers,
+            metrics=self.metrics,
         )
         self.active_session: ModelSession | None = None
 
@@ -167,3 +175,4 @@ class DistributedModelForCausalLM:
         self.blocks.close()
         self.view.close()
         self.registry.shutdown()
+        self.metrics.close()

@@ -16,6 +16,7 @@ import torch
 
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
+from swarm.client.metrics import ClientMetrics
 from swarm.codec import CodecId, decode, encode, join, split
 from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, SwarmError, WrongSpan, error_for
 from swarm.router import Router
@@ -35,8 +36,10 @@ class RemoteSequential(torch.nn.Module):
         codec: CodecId,
         timeout_s: float = 60.0,
         max_retries: int = 4,
+        metrics: ClientMetrics | None = None,
     ) -> None:
         super().__init__()
+        self.metrics = metrics or ClientMetrics("")
         self.router, self.peers, self.need, self.codec = router, peers, need, codec
         self.timeout_s, self.max_retries = timeout_s, max_retries
         self.stub = PeerStubs()
@@ -60,7 +63,7 @@ class RemoteSequential(torch.nn.Module):
             except InvalidRequest:
                 raise
             except SwarmError as error:
-                retries.spend(hop, error, self.router)
+                retries.spend(hop, error, self.router, "forward")
                 output, more = self.run_forward(hop.span, position, hidden, retries)
                 used.extend(more)
             hidden = output
@@ -73,7 +76,7 @@ class RemoteSequential(torch.nn.Module):
             except InvalidRequest:
                 raise
             except SwarmError as error:
-                retries.spend(hop, error, self.router)
+                retries.spend(hop, error, self.router, "backward")
                 _, replacement = self.run_forward(hop.span, position, inputs, retries)  # each new hop's inputs
                 grad = self.run_backward(replacement, position, grad, retries)
         return grad
@@ -110,13 +113,14 @@ class RemoteSequential(torch.nn.Module):
 class _Retries:
     """The failures one forward or backward pass may absorb before it gives up."""
 
-    def __init__(self, budget: int) -> None:
-        self.left = budget
+    def __init__(self, budget: int, metrics: ClientMetrics) -> None:
+        self.left, self.metrics = budget, metrics
 
-    def spend(self, hop: Hop, error: SwarmError, router: Router) -> None:
+    def spend(self, hop: Hop, error: SwarmError, router: Router, rpc: str) -> None:
         if self.left <= 0:
             raise PeerUnavailable(f"blocks {hop.span} failed too often; last: {error}") from error
         self.left -= 1
+        self.metrics.retries[rpc].inc()
         if isinstance(error, Overloaded | WrongSpan):  # alive but full, or moved: step aside, no escalating ban
             router.bans.pause(hop.peer_id, 2.0)
         else:
@@ -127,11 +131,11 @@ class _Retries:
 class _RemoteSpan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, module: RemoteSequential, position: int) -> torch.Tensor:
-        output, used = module.run_forward(module.need, position, hidden, _Retries(module.max_retries))
+        output, used = module.run_forward(module.need, position, hidden, _Retries(module.max_retries, module.metrics))
         ctx.module, ctx.position, ctx.used = module, position, used
         return output
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        retries = _Retries(ctx.module.max_retries)
+        retries = _Retries(ctx.module.max_retries, ctx.module.metrics)
         return ctx.module.run_backward(ctx.used, ctx.position, grad, retries), None, None

@@ -20,6 +20,7 @@ import torch
 
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.client.metrics import ClientMetrics
 from swarm.codec import CodecId, decode, encode, join, split
 from swarm.errors import (
     DeadlineExceeded,
@@ -153,8 +154,10 @@ class InferenceSession:
         step_timeout_s: float = 30.0,
         max_failovers: int = 8,
         push: bool = True,
+        metrics: ClientMetrics | None = None,
     ) -> None:
         self.router, self.peers, self.codec = router, peers, codec
+        self.metrics = metrics or ClientMetrics("")
         self.batch_size, self.max_length = batch_size, max_length
         self.step_timeout_s, self.max_failovers, self.push = step_timeout_s, max_failovers, push
         self.position = 0
@@ -173,7 +176,7 @@ class InferenceSession:
         the client still reads every hop's output (it is the next hop's replay history) and sends a step itself
         where a push did not happen.
         """
-        step_id = self._next_step_id()
+        step_id, started = self._next_step_id(), time.perf_counter()
         index, must_send = 0, True
         staged: list[tuple[_HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
         while index < len(self._hops):
@@ -194,6 +197,7 @@ class InferenceSession:
         for state, inputs in staged:
             state.inputs.append(inputs)
         self.position += hidden.shape[1]
+        self.metrics.step_latency.observe(time.perf_counter() - started)
         return hidden
 
     def _next_step_id(self) -> int:
@@ -211,6 +215,7 @@ class InferenceSession:
         culprit = failed.hop.peer_id
         while True:
             self.failovers += 1
+            self.metrics.failovers.inc()
             if self.failovers > self.max_failovers:
                 raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
             if isinstance(error, Overloaded | WrongSpan):  # alive but full, or moved: step aside, no escalating ban

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from swarm.errors import CheckpointError
+from swarm.progress import progress_bar
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -32,8 +33,11 @@ class Checkpoint:
     def tensor_names(self) -> list[str]:
         return sorted(self._file_of)
 
-    def read(self, names: Iterable[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """Load exactly `names` (memory-mapped reads of those tensors only), optionally cast to `dtype`.
+    def read(
+        self, names: Iterable[str], dtype: torch.dtype | None = None, progress: str = ""
+    ) -> dict[str, torch.Tensor]:
+        """Load exactly `names` (memory-mapped reads of those tensors only), optionally cast to `dtype`; with a
+        `progress` description, a bar of the bytes read is drawn on a terminal (swarm/progress.py).
 
         Raises:
             CheckpointError: a name is not in the checkpoint.
@@ -46,11 +50,13 @@ class Checkpoint:
         for name in wanted:
             by_file.setdefault(self._file_of[name], []).append(name)
         tensors: dict[str, torch.Tensor] = {}
-        for file, file_names in by_file.items():
-            with safe_open(str(file), framework="pt", device="cpu") as handle:
-                for name in file_names:
-                    tensor = handle.get_tensor(name)
-                    tensors[name] = tensor if dtype is None else tensor.to(dtype)
+        with progress_bar(len(wanted), progress, unit="tensor", enabled=bool(progress)) as bar:
+            for file, file_names in by_file.items():
+                with safe_open(str(file), framework="pt", device="cpu") as handle:
+                    for name in file_names:
+                        tensor = handle.get_tensor(name)
+                        tensors[name] = tensor if dtype is None else tensor.to(dtype)
+                        bar.update(1)
         return tensors
 
     def _read_config(self) -> dict[str, Any]:

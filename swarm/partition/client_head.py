@@ -39,12 +39,15 @@ class ClientHead(nn.Module):
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
 
-def load_client_head(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> ClientHead:
-    """Build the client part of the checkpoint at `path`, reading only its three tensors (two if tied)."""
+def load_client_head(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", progress: bool = False
+) -> ClientHead:
+    """Build the client part of the checkpoint at `path`, reading only its three tensors (two if tied); with a
+    progress bar on a terminal if `progress`."""
     checkpoint, hf_config, cfg = open_checkpoint(path)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     names = [EMBEDDINGS, FINAL_NORM] + ([] if tied else [LM_HEAD])
-    tensors = checkpoint.read(names, dtype=dtype)
+    tensors = checkpoint.read(names, dtype=dtype, progress="loading the client head" if progress else "")
     lm_head = tensors[EMBEDDINGS] if tied else tensors[LM_HEAD]
     head = ClientHead(tensors[EMBEDDINGS], tensors[FINAL_NORM], lm_head, cfg.rms_norm_eps)
     return head.to(device).eval()

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from swarm.errors import CheckpointError
+from swarm.progress import progress_bar, quiet_foreign_bars
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +36,10 @@ def find_test_model_gguf() -> Path:
     return path
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Dequantize `gguf_path` into a HF checkpoint at `out_dir` (written atomically; skipped if present)."""
+def convert_gguf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.float32, progress: bool = False) -> Path:
+    """Dequantize `gguf_path` into a HF checkpoint at `out_dir` (written atomically; skipped if present); with
+    `progress`, a bar of the conversion's stages is drawn on a terminal (transformers draws its own while it
+    de-quantizes)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out_dir = Path(out_dir)
@@ -45,9 +48,27 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.floa
     if not gguf_path.is_file():
         raise CheckpointError(f"GGUF file {gguf_path} does not exist")
     logger.info("converting gguf=%s out=%s dtype=%s", gguf_path, out_dir, dtype)
-    source = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    # A GGUF-loaded model cannot save_pretrained: copy its weights into a fresh model of the same config.
+    with (
+        progress_bar(4, f"converting {gguf_path.name}", unit="step", enabled=progress) as bar,
+        quiet_foreign_bars(enabled=progress),
+    ):
+        bar.set_postfix_str("reading and de-quantizing")
+        source = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=dtype)
+        bar.update(1)
+        bar.set_postfix_str("reading the tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        bar.update(1)
+        bar.set_postfix_str("copying the weights")
+        target = _savable_copy(source, dtype)
+        bar.update(1)
+        bar.set_postfix_str(f"writing {out_dir}")
+        _save_atomically(target, tokenizer, out_dir)
+        bar.update(1)
+    return out_dir
+
+
+def _savable_copy(source: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A GGUF-loaded model cannot save_pretrained: copy its weights into a fresh model of the same config."""
     config = source.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -56,18 +77,21 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.floa
         target = type(source)(config)
     target.load_state_dict(source.state_dict(), assign=True)
     target.tie_weights()
+    return target
+
+
+def _save_atomically(model: torch.nn.Module, tokenizer: object, out_dir: Path) -> None:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
-        target.save_pretrained(str(staging), safe_serialization=True)
+        model.save_pretrained(str(staging), safe_serialization=True)
         tokenizer.save_pretrained(str(staging))
         staging.rename(out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return out_dir
 
 
-def ensure_test_model(out_dir: Path) -> Path:
+def ensure_test_model(out_dir: Path, progress: bool = False) -> Path:
     """The converted SmolLM2 checkpoint at `out_dir`, converting it the first time."""
-    return convert_gguf(find_test_model_gguf(), out_dir)
+    return convert_gguf(find_test_model_gguf(), out_dir, progress=progress)

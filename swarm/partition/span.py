@@ -127,9 +127,15 @@ class BlockSpan(nn.Module):
 
 
 def load_span(
-    path: str | Path, start: int, end: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    path: str | Path,
+    start: int,
+    end: int,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    progress: bool = False,
 ) -> BlockSpan:
-    """Build blocks [start, end) of the checkpoint at `path`, reading only their tensors.
+    """Build blocks [start, end) of the checkpoint at `path`, reading only their tensors (with a progress bar on
+    a terminal if `progress`).
 
     Raises:
         CheckpointError, UnsupportedArchitectureError: see open_checkpoint; also tensors missing for a block.
@@ -141,7 +147,7 @@ def load_span(
         span = BlockSpan(cfg, rotary, start, end)
     prefixes = {block_tensor_prefix(index): index - start for index in range(start, end)}
     names = [n for n in checkpoint.tensor_names() if any(n.startswith(p) for p in prefixes)]
-    tensors = checkpoint.read(names, dtype=dtype)
+    tensors = checkpoint.read(names, dtype=dtype, progress=f"loading blocks [{start}, {end})" if progress else "")
     state = {}
     for name, tensor in tensors.items():
         prefix = next(p for p in prefixes if name.startswith(p))

@@ -23,11 +23,12 @@ ENV = {
 
 
 class Daemon:
-    """A `python -m swarm ...` process in its own session, so that everything it starts can be killed with it."""
+    """A `python -m swarm ...` process (or another `module`) in its own session, so that everything it starts can be
+    killed with it."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, module: str = "swarm") -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "swarm", *args],
+            [sys.executable, "-m", module, *args],
             cwd=REPO_ROOT,
             env=ENV,
             stdout=subprocess.PIPE,

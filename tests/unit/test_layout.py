@@ -10,7 +10,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(
     path
-    for package in ("swarm", "peers", "benchmarks")
+    for package in ("swarm", "peers", "benchmarks", "cluster")
     for path in (REPO_ROOT / package).rglob("*.py")
     if "_proto" not in path.parts
 )

@@ -20,10 +20,10 @@ def test_a_span_reads_only_its_own_blocks(save_tiny: SaveTiny, monkeypatch: pyte
     read_names: list[str] = []
     original = Checkpoint.read
 
-    def recording_read(self: Checkpoint, names, dtype=None):
+    def recording_read(self: Checkpoint, names, dtype=None, **options):
         names = list(names)
         read_names.extend(names)
-        return original(self, names, dtype)
+        return original(self, names, dtype, **options)
 
     monkeypatch.setattr(Checkpoint, "read", recording_read)
     span = load_span(path, 2, 4)

@@ -1,0 +1,47 @@
+"""The Prometheus metrics of a client (names `swarm_client_*`): failovers, retries and step latency as the
+application sees them. Each model has a registry of its own; an application serves it with `serve()` (or sets
+ClientConfig.metrics_port) and lists the address in a Prometheus file-SD file (README, "Operating a swarm")."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RETRY_RPCS = ("forward", "backward")
+
+
+class ClientMetrics:
+    """Counters and a histogram labelled with the model name, created at zero so that dashboards show them
+    before anything fails."""
+
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"registry": self.registry}
+        self.failovers = Counter(
+            "swarm_client_failovers", "Inference hops replaced after a peer failed", ["model"], **labels
+        ).labels(model=model)
+        self.failovers.inc(0)
+        retries = Counter(
+            "swarm_client_retries", "Forward/backward calls retried on another peer", ["model", "rpc"], **labels
+        )
+        self.retries = {rpc: retries.labels(model=model, rpc=rpc) for rpc in RETRY_RPCS}
+        self.step_latency = Histogram(
+            "swarm_client_step_latency_seconds",
+            "One inference step through the whole route, failovers included",
+            ["model"],
+            buckets=STEP_BUCKETS,
+            **labels,
+        ).labels(model=model)
+        self._server = None
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve /metrics over HTTP until close(); returns host:port (useful with port 0)."""
+        if self._server is None:
+            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return f"{host}:{self._server.server_port}"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,59 @@
+"""One `swarm up --peers 2` for the operating tests (Prometheus, the monitor), started on first use."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ..daemons import Daemon
+
+TTL = 6.0
+ARTIFACTS = Path(__file__).resolve().parents[3] / ".cache" / "artifacts"
+
+
+@dataclass
+class RunningSwarm:
+    daemon: Daemon
+    initial_peers: str
+    ray_address: str
+    peer_ids: list[str]
+    model_path: Path
+
+    def join(self, *flags: str) -> Daemon:
+        """One more peer daemon on the same Ray cluster."""
+        return Daemon(
+            "peer",
+            "join",
+            "--model",
+            str(self.model_path),
+            "--initial-peers",
+            self.initial_peers,
+            "--ray-address",
+            self.ray_address,
+            "--ttl",
+            str(TTL),
+            *flags,
+        )
+
+
+@pytest.fixture(scope="session")
+def running_swarm(smollm2_path: Path) -> Iterator[RunningSwarm]:
+    daemon = Daemon("up", "--peers", "2", "--model", str(smollm2_path), "--ttl", str(TTL))
+    try:
+        peer_ids = [daemon.wait_for(r"peer (\w+) blocks", 240).group(1) for _ in range(2)]
+        ray_address = daemon.wait_for(r"ray address: (\S+)", 60).group(1)
+        initial_peers = daemon.wait_for(r"initial peers: (\S+)", 60).group(1)
+        yield RunningSwarm(daemon, initial_peers, ray_address, peer_ids, smollm2_path)
+        assert daemon.terminate(timeout_s=90) == 0
+    finally:
+        daemon.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
