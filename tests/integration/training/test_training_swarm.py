@@ -49,7 +49,8 @@ def test_loss_approaches_single_process_training(swarm_run):
     reference_loss = evaluate_reference(reference.model, load_dataset(config.data))
     initial_loss = math.log(256)
     assert swarm_loss < 0.8 * initial_loss, f"the swarm did not learn: {swarm_loss:.3f}"
-    print(f"swarm loss {swarm_loss:.4f} reference {reference_loss:.4f} gap {(swarm_loss - reference_loss) / reference_loss:+.2%}")
+    gap = (swarm_loss - reference_loss) / reference_loss
+    print(f"swarm loss {swarm_loss:.4f} reference {reference_loss:.4f} gap {gap:+.2%}")
     assert abs(swarm_loss - reference_loss) / reference_loss <= 0.05, (swarm_loss, reference_loss)
 
 

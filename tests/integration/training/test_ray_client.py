@@ -1,0 +1,79 @@
+"""A training job submitted through Ray Client to a Ray head started with `ray start --head`: it trains and
+reports its loss. The head's processes are stopped by PID (never `ray stop`, which would stop every Ray here)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory: pytest.TempPathFactory):
+    temp_dir = Path("/tmp") / f"rs-{os.getpid()}-{time.monotonic_ns() % 10**6}"  # Ray wants a short path
+    gcs_port, client_port = _free_port(), _free_port()
+    ray = Path(sys.executable).with_name("ray")
+    command = [
+        str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
+        f"--ray-client-server-port={client_port}", "--include-dashboard=false", "--num-cpus=2",
+        f"--temp-dir={temp_dir}", "--disable-usage-stats",
+    ]  # fmt: skip
+    env = {**os.environ, **RAY_ENV}
+    started = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield f"ray://127.0.0.1:{client_port}", env
+    finally:
+        _stop_ray_processes(str(temp_dir))
+
+
+def _stop_ray_processes(temp_dir: str) -> None:
+    """Kill the head's processes (their command lines name its temp dir) and everything they started."""
+    roots = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
+    victims = {p.pid: p for root in roots for p in [root, *root.children(recursive=True)]}
+    for process in victims.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(list(victims.values()), timeout=15)
+
+
+def test_job_through_ray_client_trains_and_reports_loss(ray_head, make_config, tmp_path):
+    address, env = ray_head
+    config = make_config("ray-client", steps=4, target_batch=16)
+    raw = {
+        "run_id": config.run_id,
+        "model": config.model,
+        "stages": [list(s) for s in config.stages],
+        "data": {"path": config.data.path, "tokenizer": "bytes", "seq_len": config.data.seq_len},
+        "micro_batch": 8,
+        "target_batch": 16,
+        "steps": 4,
+    }
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(raw))
+    result = subprocess.run(
+        [sys.executable, "-m", "swarm", "train", str(job_file), "--ray-address", address],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["step"] >= 4 and summary["samples"] >= 64
+    assert 0 < summary["eval_loss"] < 6.0 and summary["loss"] > 0
+    assert "step " in result.stderr  # the progress line (no terminal here: plain lines, not a bar)
