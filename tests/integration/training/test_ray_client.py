@@ -1,5 +1,6 @@
-"""A training job submitted through Ray Client to a Ray head started with `ray start --head`: it trains and
-reports its loss. The head's processes are stopped by PID (never `ray stop`, which would stop every Ray here)."""
+"""A training job submitted to a Ray head started with `ray start --head`, through Ray Client and with
+`ray job submit`: both train and report their loss. The head's processes are stopped by PID (never `ray stop`,
+which would stop every Ray on the machine)."""
 
 from __future__ import annotations
 
@@ -28,18 +29,19 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory: pytest.TempPathFactory):
     temp_dir = Path("/tmp") / f"rs-{os.getpid()}-{time.monotonic_ns() % 10**6}"  # Ray wants a short path
-    gcs_port, client_port = _free_port(), _free_port()
+    gcs_port, client_port, dashboard_port = _free_port(), _free_port(), _free_port()
     ray = Path(sys.executable).with_name("ray")
     command = [
         str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
-        f"--ray-client-server-port={client_port}", "--include-dashboard=false", "--num-cpus=2",
+        f"--ray-client-server-port={client_port}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}", "--num-cpus=2",
         f"--temp-dir={temp_dir}", "--disable-usage-stats",
     ]  # fmt: skip
     env = {**os.environ, **RAY_ENV}
     started = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
-        yield f"ray://127.0.0.1:{client_port}", env
+        yield {"client": f"ray://127.0.0.1:{client_port}", "dashboard": f"http://127.0.0.1:{dashboard_port}"}, env
     finally:
         _stop_ray_processes(str(temp_dir))
 
@@ -54,11 +56,10 @@ def _stop_ray_processes(temp_dir: str) -> None:
     psutil.wait_procs(list(victims.values()), timeout=15)
 
 
-def test_job_through_ray_client_trains_and_reports_loss(ray_head, make_config, tmp_path):
-    address, env = ray_head
-    config = make_config("ray-client", steps=4, target_batch=16)
+def _job_file(make_config, tmp_path: Path, run_id: str) -> Path:
+    config = make_config(run_id)
     raw = {
-        "run_id": config.run_id,
+        "run_id": run_id,
         "model": config.model,
         "stages": [list(s) for s in config.stages],
         "data": {"path": config.data.path, "tokenizer": "bytes", "seq_len": config.data.seq_len},
@@ -66,14 +67,40 @@ def test_job_through_ray_client_trains_and_reports_loss(ray_head, make_config, t
         "target_batch": 16,
         "steps": 4,
     }
-    job_file = tmp_path / "job.yaml"
+    job_file = tmp_path / f"{run_id}.yaml"
     job_file.write_text(yaml.safe_dump(raw))
+    return job_file
+
+
+def _summary(output: str) -> dict:
+    """The JSON line `swarm train` prints last, checked."""
+    summary = json.loads([line for line in output.splitlines() if line.startswith('{"run_id"')][-1])
+    assert summary["step"] >= 4 and summary["samples"] >= 64
+    assert 0 < summary["eval_loss"] < 6.0 and summary["loss"] > 0
+    return summary
+
+
+def test_job_through_ray_client_trains_and_reports_loss(ray_head, make_config, tmp_path):
+    addresses, env = ray_head
     result = subprocess.run(
-        [sys.executable, "-m", "swarm", "train", str(job_file), "--ray-address", address],
+        [sys.executable, "-m", "swarm", "train", str(_job_file(make_config, tmp_path, "ray-client")),
+         "--ray-address", addresses["client"]],
         env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["step"] >= 4 and summary["samples"] >= 64
-    assert 0 < summary["eval_loss"] < 6.0 and summary["loss"] > 0
+    _summary(result.stdout)
     assert "step " in result.stderr  # the progress line (no terminal here: plain lines, not a bar)
+
+
+def test_the_same_job_runs_under_ray_job_submit(ray_head, make_config, tmp_path):
+    addresses, env = ray_head
+    ray = Path(sys.executable).with_name("ray")
+    job_file = _job_file(make_config, tmp_path, "job-submit")
+    result = subprocess.run(
+        [str(ray), "job", "submit", "--address", addresses["dashboard"], "--",
+         sys.executable, "-m", "swarm", "train", str(job_file)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "succeeded" in result.stdout.lower(), result.stdout[-3000:]
+    _summary(result.stdout)
