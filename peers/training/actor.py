@@ -71,7 +71,7 @@ class TrainingStagePeer:
         self.replica = StageReplica(model, optimizer, config.mixed_precision)
         self.joined_from = self._take_stage_state()
         self.metrics = PeerMetrics(self.peer_id)
-        self.metrics.registry.register(StageCollector(self.replica, self.stage))
+        self.metrics.registry.register(StageCollector(self.replica, config.run_id, self.stage))
         self.server, self.address = self._serve()
         self.metrics_address = ""
         if config.metrics_port is not None:

@@ -28,6 +28,7 @@ from swarm.registry.fork_guard import die_with_parent_on_fork
 from swarm.router.wiring import WiringRouter
 from swarm.training.config import TrainConfig
 from swarm.training.data import load_dataset
+from swarm.training.metrics import serve, trainer_registry
 from swarm.training.stage_calls import StageAnswer, StageCalls
 from swarm.training.stage_view import StageView
 from swarm.types import Hop, Route, Span
@@ -80,6 +81,8 @@ class Trainer:
         self.progress = TrainerProgress(stage_steps={f"{s.start}-{s.end}": 0 for s in self.stage_spans})
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.metrics = trainer_registry(config.run_id, self.report)
+        self.metrics_address = serve(self.metrics, config.metrics_port) if config.metrics_port is not None else ""
 
     # ---- the loop ----
 
