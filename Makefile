@@ -30,6 +30,7 @@ bench: $(MODEL_READY)
 	$(PY) -m benchmarks.codec --model $(MODEL)
 	$(PY) -m benchmarks.generate --model $(MODEL)
 	$(PY) -m benchmarks.rebalance_sim
+	$(PY) -m benchmarks.train
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
