@@ -96,11 +96,16 @@ def test_the_same_job_runs_under_ray_job_submit(ray_head, make_config, tmp_path)
     addresses, env = ray_head
     ray = Path(sys.executable).with_name("ray")
     job_file = _job_file(make_config, tmp_path, "job-submit")
-    result = subprocess.run(
-        [str(ray), "job", "submit", "--address", addresses["dashboard"], "--",
-         sys.executable, "-m", "swarm", "train", str(job_file)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while True:  # the head's job agent starts after the head: Ray answers "try again later" until it is up
+        result = subprocess.run(
+            [str(ray), "job", "submit", "--address", addresses["dashboard"], "--",
+             sys.executable, "-m", "swarm", "train", str(job_file)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if "No available agent" not in result.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(3)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "succeeded" in result.stdout.lower(), result.stdout[-3000:]
     _summary(result.stdout)
