@@ -17,6 +17,12 @@ import psutil
 import pytest
 import yaml
 
+AGENT_PORT_FLAGS = (
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
@@ -35,6 +41,8 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory):
         str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
         f"--ray-client-server-port={client_port}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard_port}", "--num-cpus=2",
+        # Ray's fixed default agent ports may still be held by another Ray of this suite that is shutting down.
+        *(f"--{flag}={_free_port()}" for flag in AGENT_PORT_FLAGS),
         f"--temp-dir={temp_dir}", "--disable-usage-stats",
     ]  # fmt: skip
     env = {**os.environ, **RAY_ENV}
