@@ -53,7 +53,7 @@ def run_swarm(config, deadline_s: float, churn_period_s: float | None = None) ->
             threading.Thread(target=_churn, args=(job, churn_period_s, stop_churn), daemon=True).start()
         completed, progress = _wait(job, deadline_s)
         stop_churn.set()
-        stages = job.stage_infos()
+        stages = _stage_infos(job)
         result = {"completed": completed, "samples_per_s": progress["samples_per_s"], "steps": progress["step"]}
         result["final_loss"] = job.eval_loss() if completed else math.nan
         result["kills"] = getattr(job, "kills", 0)
@@ -71,6 +71,18 @@ def _wait(job, deadline_s: float) -> tuple[bool, dict]:
     while pending and time.monotonic() < deadline:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
     return not pending, job.progress()
+
+
+def _stage_infos(job, timeout_s: float = 120.0) -> dict:
+    """The replicas' reports, waiting for any that Ray is still restarting after the last kill."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return job.stage_infos()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2.0)
 
 
 def _churn(job, period_s: float, stop: threading.Event) -> None:
