@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV = {
@@ -20,6 +22,17 @@ ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keep Ray on 127.0.0.1
     "PYTHONUNBUFFERED": "1",
 }
+
+
+def poll_until(condition: Callable[[], Any], timeout_s: float, failure: Callable[[], str]) -> Any:
+    """The first truthy result of `condition`, polled every 0.5 s; AssertionError with `failure()` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout_s} s: {failure()}")
 
 
 class Daemon:

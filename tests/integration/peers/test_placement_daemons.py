@@ -17,7 +17,7 @@ from swarm import CodecId, DistributedModelForCausalLM
 from swarm.registry import Registry
 from swarm.types import PeerInfo, PeerState
 
-from ..daemons import Daemon
+from ..daemons import Daemon, poll_until
 
 TTL = 6.0
 PERIOD = 2.0  # rebalance checks every 1-3 s
@@ -44,14 +44,11 @@ class Swarm:
         return {b for p in self.online(name) for b in range(p.span.start, p.span.end)} == set(range(30))
 
     def wait_until(self, condition, timeout_s: float, what: str):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            result = condition()
-            if result:
-                return result
-            time.sleep(0.5)
-        logs = "\n".join("".join(daemon.output)[-1500:] for daemon in self.daemons)
-        raise AssertionError(f"{what}: not within {timeout_s} s; daemons said:\n{logs}")
+        def failure() -> str:
+            logs = "\n".join("".join(daemon.output)[-1500:] for daemon in self.daemons)
+            return f"{what}; daemons said:\n{logs}"
+
+        return poll_until(condition, timeout_s, failure)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from swarm.partition import load_span
 from swarm.registry import Registry
 from swarm.types import PeerState
 
-from ..daemons import ENV, REPO_ROOT, Daemon
+from ..daemons import ENV, REPO_ROOT, Daemon, poll_until
 
 TTL = 6.0
 V = pb.PROTOCOL_VERSION_CURRENT
@@ -39,13 +39,7 @@ class Swarm:
         return [p for p in self.registry.peers("smollm2-135m") if all(getattr(p, k) == v for k, v in filters.items())]
 
     def wait_until(self, condition, timeout_s: float):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            result = condition()
-            if result:
-                return result
-            time.sleep(0.5)
-        raise AssertionError(f"condition not met in {timeout_s} s; peers: {self.peers()}")
+        return poll_until(condition, timeout_s, lambda: f"condition not met; peers: {self.peers()}")
 
 
 @pytest.fixture(scope="module")
