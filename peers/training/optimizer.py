@@ -83,6 +83,9 @@ class StageOptimizer(hivemind.Optimizer):
             self.tracker.global_progress = dataclasses.replace(progress, num_peers=self.live_replicas())
         # Join the round with this replica's sample count as gathered metadata: every member then knows the
         # round's total batch, so all scale their rate by the same factor and apply the very same update.
+        used = self.scheduled_grads is not None and (self.scheduled_grads.triggered or self.scheduled_grads.done())
+        if used:  # last step's round (hivemind only replaces it when pre-scheduling, which is off here)
+            self.scheduled_grads = None
         if self.tracker.global_progress.num_peers > 1 and self.scheduled_grads is None:
             samples = self.grad_averager.local_samples_accumulated
             self.scheduled_grads = self.grad_averager.schedule_step(timeout=self.averaging_timeout, gather=samples)
@@ -98,9 +101,9 @@ class StageOptimizer(hivemind.Optimizer):
         """A replica that ran no backward this step still takes part, as one sample with a zero gradient: with
         weight 0, hivemind would leave its tensors unaveraged and it would step with zeros (measured: its
         parameters then drift from the other replicas'). The average is biased by 1 / (samples + 1)."""
-        for group in self.state_averager.optimizer.param_groups:
-            for param in group["params"]:
-                param.grad = torch.zeros_like(param)
+        # The model's parameters, not the optimizer's offloaded copies: hivemind checks that the latter's
+        # gradient tensors stay the same objects between steps.
+        self.zero_grad(set_to_none=True)
         self.grad_averager.accumulate_grads_(1)
 
     def _average_gradients_and_load_into_optimizer(self, control: Any) -> None:
@@ -110,7 +113,7 @@ class StageOptimizer(hivemind.Optimizer):
                 gathered = control.result(self.averaging_timeout)
                 self.round_samples = sum(int(v) for v in gathered.values() if isinstance(v, int))
             except BaseException as error:  # the round failed: this replica steps with its own gradients
-                logger.info("averaging round failed: %r", error)
+                logger.warning("averaging round failed: %r", error)
         super()._average_gradients_and_load_into_optimizer(control)
 
     # Rounds start when a replica broadcasts StepNow, not at an estimated time: pre-scheduled rounds would form

@@ -128,8 +128,12 @@ class StageReplica:
         """Another replica started `step`: join its averaging round (no-op if this replica is past it)."""
         with self._locked():
             step_before, started = self.step, time.perf_counter()
-            self.optimizer.step_now(step)
-            self.optimizer.zero_grad()  # the step left the averaged gradients in .grad; the next backward adds up
+            try:
+                self.optimizer.step_now(step)
+            except AssertionError as error:  # as in _collaborative_step
+                logger.warning("collaborative step %d failed: %s", step_before, error)
+            finally:
+                self.optimizer.zero_grad()  # the step left the averaged gradients in .grad; the next backward adds
             self._count_step(step_before, started)
             return self.step
 
