@@ -2,8 +2,8 @@
 
 Replicas of a stage share a run id in the DHT. Each reports the samples it has accumulated; once together they
 reach the target batch, they average gradients (weighted by samples), and each applies the same update, so one
-step counter (hivemind's epoch) holds for the stage. A replica that cannot find its group steps alone with its
-own gradients; parameters are also averaged every few steps, which repairs such drift.
+step counter (hivemind's epoch) holds for the stage. A failed round is retried rather than stepped alone, so the
+replicas' parameters stay the same; a replica the stage stepped without downloads the stage's state.
 
 The inner optimizer clips the averaged gradient to a global norm and scales the rate by the batch the round
 really averaged (the linear rule), around the warmup + cosine schedule of swarm/training/schedule.py.
@@ -11,7 +11,6 @@ really averaged (the linear rule), around the warmup + cosine schedule of swarm/
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -26,6 +25,8 @@ from swarm.training.inner_optimizer import RoundBatch, make_inner_optimizer
 from swarm.training.schedule import WarmupCosine
 
 logger = logging.getLogger(__name__)
+
+MAX_FAILED_ROUNDS = 3  # then a replica whose siblings look alive but never average steps alone
 
 
 class SampleCountTracker(ProgressTracker):
@@ -72,29 +73,75 @@ class StageOptimizer(hivemind.Optimizer):
         self.tracker.forced_epoch = epoch
         self._update_global_epoch(None)
 
-    round_samples: int | None = None  # samples the last averaging round summed over its replicas
+    round_samples: int | None = None  # samples the last step applied, summed over the replicas that averaged
     live_replicas: Callable[[], int] | None = None  # from the stage's DHT records (set by the stage actor)
+    failed_rounds: int = 0  # consecutive failed averaging rounds of the current step
+    rounds_averaged: int = 0  # steps whose gradients were averaged with other replicas
 
     def _update_global_epoch(self, grad_scaler: Any) -> None:
-        if self.live_replicas is not None:
-            # Average with whom the DHT records say is alive, not with whom the progress tracker last heard from:
-            # a replica told to step (StepNow) may not have fetched its siblings' progress yet.
-            progress = self.tracker.global_progress
-            self.tracker.global_progress = dataclasses.replace(progress, num_peers=self.live_replicas())
-        # Join the round with this replica's sample count as gathered metadata: every member then knows the
-        # round's total batch, so all scale their rate by the same factor and apply the very same update.
-        used = self.scheduled_grads is not None and (self.scheduled_grads.triggered or self.scheduled_grads.done())
-        if used:  # last step's round (hivemind only replaces it when pre-scheduling, which is off here)
-            self.scheduled_grads = None
-        if self.tracker.global_progress.num_peers > 1 and self.scheduled_grads is None:
-            samples = self.grad_averager.local_samples_accumulated
-            self.scheduled_grads = self.grad_averager.schedule_step(timeout=self.averaging_timeout, gather=samples)
-            if samples == 0:
-                self._join_with_a_zero_gradient()
+        """The stage's step, replacing hivemind's: a failed averaging round leaves the step untaken (gradients
+        kept) instead of stepping alone with local gradients, which would make this replica's parameters differ
+        from its siblings'. The next backward or StepNow retries; after MAX_FAILED_ROUNDS the replica steps
+        alone, as hivemind would (the periodic state averaging then repairs the difference)."""
+        if grad_scaler is not None:
+            raise ValueError("stage optimizers run without a gradient scaler (bf16 autocast needs none)")
         try:
-            super()._update_global_epoch(grad_scaler)
+            with self.tracker.pause_updates():
+                if self.tracker.global_epoch > self.local_epoch + 1 or (
+                    self.tracker.global_epoch > self.local_epoch and self.live_count() > 1
+                ):
+                    self.load_state_from_peers()  # the stage stepped without this replica: take its state
+                elif self._gradients_for_this_step():
+                    self._apply_step()
         finally:
             self.tracker.forced_epoch = None
+
+    def live_count(self) -> int:
+        """Replicas of the stage alive now, this one included (DHT records; hivemind's own count as fallback)."""
+        return self.live_replicas() if self.live_replicas is not None else self.tracker.global_progress.num_peers
+
+    def _gradients_for_this_step(self) -> bool:
+        """Put the gradients of this step in the optimizer's buffers: averaged over the live replicas, or this
+        replica's own when it is alone (or gave up on its siblings). False: averaging failed, retry later."""
+        samples = self.grad_averager.local_samples_accumulated
+        if self.live_count() <= 1 or self.failed_rounds >= MAX_FAILED_ROUNDS:
+            self.grad_averager.load_accumulators_into_averager_()
+            self.round_samples, self.failed_rounds = samples, 0
+            return True
+        if samples == 0:
+            self._join_with_a_zero_gradient()
+        # This replica's sample count travels as gathered metadata: every member then knows the round's total
+        # batch, so all scale their rate by the same factor and apply the very same update.
+        control = self.grad_averager.schedule_step(timeout=self.averaging_timeout, gather=samples)
+        self.grad_averager.step(control=control, reset_accumulators=False, wait=False)
+        try:
+            gathered = control.result(self.averaging_timeout)
+        except BaseException as error:  # no group, a member died, timeout: keep the gradients for a retry
+            self.failed_rounds += 1
+            logger.warning("averaging round of step %d failed (%d): %r", self.local_epoch, self.failed_rounds, error)
+            if samples == 0:
+                self.grad_averager.reset_accumulated_grads_()  # the zero-gradient sample must not count twice
+            return False
+        self.round_samples = sum(int(v) for v in gathered.values() if isinstance(v, int))
+        self.failed_rounds = 0
+        self.rounds_averaged += 1
+        return True
+
+    def _apply_step(self) -> None:
+        """The update itself (hivemind's state averager steps the optimizer and the epoch), then a new count."""
+        self._load_averaged_gradients_into_optimizer_()
+        average_state = self.live_count() > 1 and (self.local_epoch + 1) % self.average_state_every == 0
+        self.state_averager.step(
+            increment_epoch=True,
+            optimizer_step=True,
+            averaging_round=average_state,
+            averaging_opts={"timeout": self.averaging_timeout} if average_state else None,
+        )
+        self.tracker.update_epoch(new_epoch=self.state_averager.local_epoch)
+        self._should_check_synchronization_on_update = True
+        self.state_averager.state_sharing_priority = self.local_epoch
+        self.grad_averager.reset_accumulated_grads_()
+        self.grad_averager.state_sharing_priority = self.local_epoch
 
     @torch.no_grad()
     def _join_with_a_zero_gradient(self) -> None:
@@ -105,16 +152,6 @@ class StageOptimizer(hivemind.Optimizer):
         # gradient tensors stay the same objects between steps.
         self.zero_grad(set_to_none=True)
         self.grad_averager.accumulate_grads_(1)
-
-    def _average_gradients_and_load_into_optimizer(self, control: Any) -> None:
-        self.round_samples = None
-        if control is not None:
-            try:
-                gathered = control.result(self.averaging_timeout)
-                self.round_samples = sum(int(v) for v in gathered.values() if isinstance(v, int))
-            except BaseException as error:  # the round failed: this replica steps with its own gradients
-                logger.warning("averaging round failed: %r", error)
-        super()._average_gradients_and_load_into_optimizer(control)
 
     # Rounds start when a replica broadcasts StepNow, not at an estimated time: pre-scheduled rounds would form
     # groups that the broadcast's round then cannot join.

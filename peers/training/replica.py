@@ -32,7 +32,7 @@ class ReplicaCounters:
     samples_total: int = 0
     compute_seconds: float = 0.0
     averaging_seconds: float = 0.0
-    averaging_rounds: int = 0  # steps taken while the stage had other live replicas
+    averaging_rounds: int = 0  # steps whose gradients were averaged with other replicas
     last_loss: float = math.nan
     waiting: int = 0  # requests waiting for the lock
 
@@ -139,10 +139,9 @@ class StageReplica:
 
     def _count_step(self, step_before: int, started: float) -> None:
         if self.step != step_before:
-            shared = self.optimizer.tracker.global_progress.num_peers > 1
             self.counters.averaging_seconds += time.perf_counter() - started
-            self.counters.averaging_rounds += int(shared)
-            logger.info("stage step %d -> %d (shared=%s)", step_before, self.step, shared)
+            self.counters.averaging_rounds = self.optimizer.rounds_averaged
+            logger.info("stage step %d -> %d (%d samples)", step_before, self.step, self.optimizer.round_samples)
 
     def snapshot(self) -> StageSnapshot:
         with self._locked():

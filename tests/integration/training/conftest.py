@@ -20,6 +20,12 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 blocks, hidden 256: the issue's convergence model (about 4x the compute of tiny_llama)."""
+    return write_random_llama(tmp_path_factory.mktemp("small-llama"), layers=8, hidden=256, vocab=256, seed=0)
+
+
+@pytest.fixture(scope="session")
 def make_config(tiny_llama: Path):
     def make(run_id: str, **overrides: Any) -> TrainConfig:
         raw: dict[str, Any] = {
