@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import random
-import signal
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from swarm.training.churn import ReplicaChurn
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "eval_text.txt"
 
@@ -46,20 +44,23 @@ def run_swarm(config, deadline_s: float, churn_period_s: float | None = None) ->
     from swarm.training.job import TrainingJob
 
     job = TrainingJob(config)
-    stop_churn = threading.Event()
+    churn = None
     try:
         job.start()
         if churn_period_s:
-            threading.Thread(target=_churn, args=(job, churn_period_s, stop_churn), daemon=True).start()
+            churn = ReplicaChurn(job, churn_period_s).start()
         completed, progress = _wait(job, deadline_s)
-        stop_churn.set()
+        if churn is not None:
+            churn.stop()
         stages = _stage_infos(job)
         result = {"completed": completed, "samples_per_s": progress["samples_per_s"], "steps": progress["step"]}
         result["final_loss"] = job.eval_loss() if completed else math.nan
-        result["kills"] = getattr(job, "kills", 0)
+        result["kills"] = churn.kills if churn else 0
+        result["steps_went_back"] = len(churn.steps_went_back()) if churn else 0
         return result | _shares(progress, stages)
     finally:
-        stop_churn.set()
+        if churn is not None:
+            churn.stop()
         job.stop()
 
 
@@ -83,21 +84,6 @@ def _stage_infos(job, timeout_s: float = 120.0) -> dict:
             if time.monotonic() > deadline:
                 raise
             time.sleep(2.0)
-
-
-def _churn(job, period_s: float, stop: threading.Event) -> None:
-    """Every period, SIGKILL one replica of each stage (Ray restarts it: a fresh process that rejoins)."""
-    import ray
-
-    job.kills = 0
-    while not stop.wait(period_s):
-        for actors in job.stages.values():
-            try:
-                pid = ray.get(random.choice(actors).info.remote(), timeout=10)["pid"]
-                os.kill(pid, signal.SIGKILL)
-                job.kills += 1
-            except Exception:  # restarting already: skip this round
-                continue
 
 
 def _shares(progress: dict, stages: dict) -> dict:

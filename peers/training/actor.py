@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 256 << 20  # micro-batches travel whole (no chunking on the training RPCs)
 ANNOUNCE_PERIOD_S, ANNOUNCE_TTL_S = 1.0, 4.0
 STEP_NOW_TIMEOUT_S = 60.0
+CATCH_UP_PERIOD_S = 1.0
 
 
 class TrainingStagePeer:
@@ -69,20 +70,27 @@ class TrainingStagePeer:
             config.averaging.group_size or config.replicas_per_stage,
         )
         self.replica = StageReplica(model, optimizer, config.mixed_precision)
-        self.joined_from = self._take_stage_state()
         self.metrics = PeerMetrics(self.peer_id)
         self.metrics.registry.register(StageCollector(self.replica, config.run_id, self.stage))
         self.server, self.address = self._serve()
         self.metrics_address = ""
         if config.metrics_port is not None:
             self.metrics_address = f"127.0.0.1:{self.metrics.serve('127.0.0.1', config.metrics_port)}"
+        # Announced JOINING while it takes the stage's state: the live replicas hold their next step for it (see
+        # SiblingReplicas.count), so the state it downloads is still the stage's when it goes ONLINE.
+        self.state = PeerState.JOINING
         self.announcer = Announcer(self.registry, self.describe, ANNOUNCE_PERIOD_S, ANNOUNCE_TTL_S)
         self.announcer.start()
+        self.joined_from = self._take_stage_state()
+        self.state = PeerState.ONLINE
+        self.announcer.announce_now()
         self._stop = threading.Event()
         self.siblings = SiblingReplicas(self.registry, config.dht_key, self.span, self.peer_id, self._stop)
         self.replica.on_step_start = self.siblings.start_step
-        optimizer.live_replicas = lambda: 1 + len(self.siblings.addresses)
+        optimizer.live_replicas = self.siblings.count
+        optimizer.sibling_joining = lambda: self.siblings.joining > 0
         threading.Thread(target=self._checkpoint_loop, daemon=True, name="stage-checkpoints").start()
+        threading.Thread(target=self._catch_up_loop, daemon=True, name="stage-catch-up").start()
         logger.info(
             "stage %s replica %s serving at %s (state from %s, step %d)",
             self.stage,
@@ -93,21 +101,23 @@ class TrainingStagePeer:
         )
 
     def _take_stage_state(self) -> str:
-        """Download the stage's state from a live replica; else resume from the newest checkpoint; else start."""
+        """Download the stage's state from a live replica; else (none alive, or the download failed before any
+        step) resume from the newest checkpoint; else start from the model checkpoint."""
         live = [
             p
             for p in self.registry.peers(self.config.dht_key)
             if p.span == self.span and p.state is PeerState.ONLINE and p.peer_id != self.peer_id
         ]
-        if live:
-            self.replica.optimizer.load_state_from_peers()
+        if live and (self.replica.optimizer.load_state_from_peers() or self.replica.step > 0):
             return f"replica ({len(live)} live)"
         root = self.config.checkpoint.dir
         path = latest_stage_checkpoint(root, self.config.run_id, *self.span_tuple) if root else None
         if path is not None:
-            self.replica.restore(read_stage_checkpoint(path))
-            return f"checkpoint {path}"
-        return "the model checkpoint"
+            snapshot = read_stage_checkpoint(path)
+            if snapshot.step > self.replica.step:
+                self.replica.restore(snapshot)
+                return f"checkpoint {path}"
+        return f"replica ({len(live)} live)" if live else "the model checkpoint"
 
     @property
     def span_tuple(self) -> tuple[int, int]:
@@ -136,7 +146,7 @@ class TrainingStagePeer:
             self.peer_id,
             self.address,
             self.span,
-            PeerState.ONLINE,
+            self.state,
             forward_tokens_per_s=rate,
             queue_length=counters.waiting,
             metrics_address=self.metrics_address,
@@ -176,6 +186,13 @@ class TrainingStagePeer:
                 write_stage_checkpoint(root, self.config.run_id, *self.span_tuple, snapshot)
                 saved = snapshot.step // every
 
+    def _catch_up_loop(self) -> None:
+        while not self._stop.wait(CATCH_UP_PERIOD_S):
+            try:
+                self.replica.catch_up()
+            except Exception as error:  # hivemind shutting down, no peer to download from: next period
+                logger.info("catching up failed: %r", error)
+
     def stop(self) -> None:
         """Leave the run: announce OFFLINE, stop serving, shut hivemind down."""
         self._stop.set()
@@ -187,14 +204,21 @@ class TrainingStagePeer:
 
 
 class SiblingReplicas:
-    """The other live replicas of this stage (re-read from the DHT every second), and the StepNow broadcast."""
+    """The other replicas of this stage (re-read from the DHT every second), and the StepNow broadcast."""
 
     def __init__(self, registry: Registry, dht_key: str, span: Span, peer_id: str, stop: threading.Event) -> None:
         self.registry, self.dht_key, self.span, self.peer_id = registry, dht_key, span, peer_id
-        self.addresses: list[str] = []
+        self.addresses: list[str] = []  # ONLINE siblings
+        self.joining = 0  # siblings still taking the stage's state
         self.stubs = PeerStubs(stub_type=pb_grpc.TrainingStageStub)
         self._stop = stop
+        self._refresh()
         threading.Thread(target=self._refresh_loop, daemon=True, name="stage-siblings").start()
+
+    def count(self) -> int:
+        """Replicas this one averages with, itself included. A JOINING sibling counts: the stage does not step
+        without it (rounds fail and are retried) until it serves or its record expires."""
+        return 1 + len(self.addresses) + self.joining
 
     def start_step(self, step: int) -> None:
         """Tell every sibling to join step `step` now; returns at once (each call waits for its replica's lock)."""
@@ -207,15 +231,16 @@ class SiblingReplicas:
         except grpc.RpcError as error:  # dead or restarting: the round goes on without it
             logger.info("StepNow(%d) to %s failed: %s", step, address, error.code())
 
+    def _refresh(self) -> None:
+        try:
+            peers = self.registry.peers(self.dht_key)
+        except Exception as error:  # the DHT is shutting down
+            logger.debug("cannot read sibling replicas: %s", error)
+            return
+        siblings = [p for p in peers if p.span == self.span and p.peer_id != self.peer_id]
+        self.addresses = [p.address for p in siblings if p.state is PeerState.ONLINE]
+        self.joining = sum(p.state is PeerState.JOINING for p in siblings)
+
     def _refresh_loop(self) -> None:
         while not self._stop.wait(1.0):
-            try:
-                peers = self.registry.peers(self.dht_key)
-            except Exception as error:  # the DHT is shutting down
-                logger.debug("cannot read sibling replicas: %s", error)
-                continue
-            self.addresses = [
-                p.address
-                for p in peers
-                if p.span == self.span and p.peer_id != self.peer_id and p.state is PeerState.ONLINE
-            ]
+            self._refresh()

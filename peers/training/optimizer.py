@@ -11,12 +11,15 @@ really averaged (the linear rule), around the warmup + cosine schedule of swarm/
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import hivemind
 import torch
+from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import ProgressTracker
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -27,6 +30,9 @@ from swarm.training.schedule import WarmupCosine
 logger = logging.getLogger(__name__)
 
 MAX_FAILED_ROUNDS = 3  # then a replica whose siblings look alive but never average steps alone
+LOAD_STATE_TRIES = 5
+LOAD_STATE_TIMEOUT_S = 60.0  # per download: a joining replica holds its siblings' steps meanwhile
+ROUND_MARGIN_S = 5.0  # beyond hivemind's own limits, before this replica stops waiting for a round's outcome
 
 
 class SampleCountTracker(ProgressTracker):
@@ -66,15 +72,38 @@ class StageOptimizer(hivemind.Optimizer):
         self.tracker.forced_epoch = self.local_epoch
 
     def step_now(self, epoch: int) -> None:
-        """Join the averaging round of `epoch` now (another replica reached the target batch); a no-op if this
-        replica already moved past it. Call with no backward in progress (StageReplica holds its lock)."""
+        """Join the averaging round of `epoch` now (another replica reached the target batch); catch up first if
+        this replica is behind; a no-op if it already moved past `epoch`. Call with no backward in progress
+        (StageReplica holds its lock)."""
+        if self.local_epoch < epoch:
+            self.load_state_from_peers()
         if self.local_epoch != epoch:
             return
         self.tracker.forced_epoch = epoch
         self._update_global_epoch(None)
 
+    def load_state_from_peers(self, **kwargs: Any) -> bool:
+        """Download the stage's newest state (parameters, optimizer statistics, step) from a live replica, again
+        while the stage is still ahead (it may step during the download). Unlike hivemind's version, it never
+        labels an older state with a newer step and never retries forever. True: caught up with the stage."""
+        for attempt in range(LOAD_STATE_TRIES):
+            with self.tracker.pause_updates():
+                before = self.local_epoch
+                self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
+                if self.local_epoch != before:  # gradients of an older step: useless now
+                    self.grad_averager.reset_accumulated_grads_()
+                    self.tracker.report_local_progress(self.local_epoch, 0)
+                    self.state_averager.state_sharing_priority = self.local_epoch
+                    self.grad_averager.state_sharing_priority = self.local_epoch
+            if self.local_epoch >= self.tracker.global_epoch:
+                return True
+            logger.info("state of step %d loaded, the stage is at %d", self.local_epoch, self.tracker.global_epoch)
+            time.sleep(0.2 * (attempt + 1))
+        return False
+
     round_samples: int | None = None  # samples the last step applied, summed over the replicas that averaged
     live_replicas: Callable[[], int] | None = None  # from the stage's DHT records (set by the stage actor)
+    sibling_joining: Callable[[], bool] | None = None  # a sibling is taking the stage's state: wait for it
     failed_rounds: int = 0  # consecutive failed averaging rounds of the current step
     rounds_averaged: int = 0  # steps whose gradients were averaged with other replicas
 
@@ -104,7 +133,10 @@ class StageOptimizer(hivemind.Optimizer):
         """Put the gradients of this step in the optimizer's buffers: averaged over the live replicas, or this
         replica's own when it is alone (or gave up on its siblings). False: averaging failed, retry later."""
         samples = self.grad_averager.local_samples_accumulated
-        if self.live_count() <= 1 or self.failed_rounds >= MAX_FAILED_ROUNDS:
+        gave_up = self.failed_rounds >= MAX_FAILED_ROUNDS and not (self.sibling_joining and self.sibling_joining())
+        if self.live_count() <= 1 or gave_up:
+            if samples == 0:
+                return False  # nothing to step with (told to step by a sibling that is gone since)
             self.grad_averager.load_accumulators_into_averager_()
             self.round_samples, self.failed_rounds = samples, 0
             return True
@@ -114,9 +146,11 @@ class StageOptimizer(hivemind.Optimizer):
         # batch, so all scale their rate by the same factor and apply the very same update.
         control = self.grad_averager.schedule_step(timeout=self.averaging_timeout, gather=samples)
         self.grad_averager.step(control=control, reset_accumulators=False, wait=False)
-        try:
-            gathered = control.result(self.averaging_timeout)
+        try:  # hivemind bounds the round itself (finding a group, then the all-reduce): wait for its verdict
+            gathered = control.result(2 * self.averaging_timeout + ROUND_MARGIN_S)
         except BaseException as error:  # no group, a member died, timeout: keep the gradients for a retry
+            if not control.done():
+                control.cancel()
             self.failed_rounds += 1
             logger.warning("averaging round of step %d failed (%d): %r", self.local_epoch, self.failed_rounds, error)
             if samples == 0:
@@ -185,6 +219,7 @@ def build_optimizer(
 ) -> Any:
     """The collaborative optimizer of one stage; `run_id` must be the same for all replicas of the stage."""
     round_batch = RoundBatch(target_batch)
+    matchmaking = {"request_timeout": min(1.0, averaging.matchmaking_s / 2), "target_group_size": group_size}
     schedule = WarmupCosine(total_steps, optimizer.warmup_fraction, optimizer.min_lr_ratio)
     collaborative = StageOptimizer(
         dht=dht,
@@ -195,11 +230,17 @@ def build_optimizer(
         scheduler=lambda inner: LambdaLR(inner, schedule),
         matchmaking_time=averaging.matchmaking_s,
         averaging_timeout=averaging.timeout_s,
+        load_state_timeout=LOAD_STATE_TIMEOUT_S,
+        # All or nothing: hivemind's default drops a member that is late with one chunk by the matchmaking time,
+        # which on a busy machine leaves each survivor with a different, partly averaged gradient.
+        allreduce_timeout=averaging.timeout_s,
+        next_chunk_timeout=averaging.timeout_s,
         average_state_every=averaging.state_every,
         delay_state_averaging=False,
         # A round starts as soon as `group_size` replicas joined it; the matchmaking time only bounds how long
-        # the first one waits for the others (they learn that the target was reached one fetch later).
-        averager_opts={"request_timeout": min(1.0, averaging.matchmaking_s / 2), "target_group_size": group_size},
+        # the first one waits for the others. (averager_opts reach only the state averager in hivemind 1.1.12.)
+        grad_averager_factory=functools.partial(GradientAverager, warn=False, **matchmaking),
+        averager_opts=matchmaking,
         tracker_opts={
             "min_refresh_period": 0.1,
             "max_refresh_period": 0.5,

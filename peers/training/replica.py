@@ -137,6 +137,15 @@ class StageReplica:
             self._count_step(step_before, started)
             return self.step
 
+    def catch_up(self) -> None:
+        """Take the stage's state if the stage stepped without this replica (its side of a round failed while
+        the others' succeeded); called periodically, so that it does not wait for the next request to notice."""
+        if self.optimizer.tracker.global_epoch <= self.step:
+            return
+        with self._locked():
+            if self.optimizer.tracker.global_epoch > self.step:
+                self.optimizer.load_state_from_peers()
+
     def _count_step(self, step_before: int, started: float) -> None:
         if self.step != step_before:
             self.counters.averaging_seconds += time.perf_counter() - started

@@ -2,9 +2,10 @@
 gradients.
 
 The loss approaches the single-process reference's after the same samples in the same number of steps; the
-replicas of a stage end with the same parameters (every step averaged their gradients); stages checkpoint;
-training resumes from checkpoints after every replica died; `swarm export` gives a checkpoint that transformers
-loads.
+replicas of a stage end with the same parameters (every step averaged their gradients); with one replica of each
+stage SIGKILLed every 20 s, training still finishes, no step counter goes back and the loss stays near the
+undisturbed run's; stages checkpoint; training resumes from checkpoints after every replica died; `swarm export`
+gives a checkpoint that transformers loads.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from swarm.training.churn import ReplicaChurn
 from swarm.training.config import TrainConfig
 from swarm.training.data import load_dataset
 from swarm.training.export import export_run
@@ -24,6 +26,7 @@ from swarm.training.reference import evaluate_reference, train_reference
 
 STEPS = 16
 STAGES = [[0, 4], [4, 8]]
+CHURN_PERIOD_S = 20.0
 
 
 @dataclass
@@ -78,6 +81,32 @@ def test_replicas_of_a_stage_hold_the_same_parameters(swarm_run):
         difference = max((first[name] - second[name]).abs().max().item() for name in first)
         print(f"stage {span}: max |difference| between replicas {difference:.2e}")
         assert difference <= 1e-5, (span, difference)
+
+
+@pytest.mark.timeout(600)
+def test_training_survives_a_replica_of_each_stage_killed_every_20_s(swarm_run, make_config):
+    config = make_config(
+        "churn", model=swarm_run.config.model, stages=STAGES, replicas_per_stage=2, trainers=2, inflight=1,
+        target_batch=64, steps=STEPS,
+    )  # fmt: skip
+    job, churn = TrainingJob(config), None
+    try:
+        job.start()
+        churn = ReplicaChurn(job, CHURN_PERIOD_S).start()
+        progress = job.wait()
+        churn.stop()
+        churn_loss = job.eval_loss()
+    finally:
+        if churn is not None:
+            churn.stop()
+        job.stop()
+    gap = (churn_loss - swarm_run.eval_loss) / swarm_run.eval_loss
+    print(f"{churn.kills} kills; loss {churn_loss:.4f} vs {swarm_run.eval_loss:.4f} without churn ({gap:+.2%})")
+    assert churn.kills >= 2 * len(STAGES), churn.kills  # at least two periods of kills
+    assert churn.steps_went_back() == []
+    assert progress["step"] >= STEPS
+    assert math.isfinite(progress["loss"]) and math.isfinite(churn_loss)
+    assert abs(gap) <= 0.10, (churn_loss, swarm_run.eval_loss)
 
 
 def test_every_stage_stepped_without_dropping_work(swarm_run):
