@@ -24,11 +24,17 @@ WATCH_PERIOD_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class StepSeen:
+class Sweep:
+    """One look at every replica of one stage: the steps of those that answered."""
+
     at: float  # time.monotonic()
     stage: str
-    peer_id: str
-    step: int
+    steps: dict[str, int]  # peer_id -> step
+    replicas: int  # replicas the stage should have
+
+    @property
+    def complete(self) -> bool:
+        return len(self.steps) == self.replicas
 
 
 @dataclass
@@ -40,7 +46,7 @@ class ReplicaChurn:
     seed: int = 0
     kills: int = 0
     skipped: int = 0  # periods a stage was spared because one of its replicas was still restarting
-    seen: list[StepSeen] = field(default_factory=list)
+    sweeps: list[Sweep] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
@@ -57,18 +63,23 @@ class ReplicaChurn:
             thread.join(timeout=30)
 
     def steps_went_back(self) -> list[str]:
-        """Each stage's step (the highest any replica reported) and each replica's own step, across restarts,
-        must never decrease; returns a description of every decrease seen (empty: none)."""
+        """A stage's committed step (the lowest step of its replicas when all of them answered: every replica
+        has applied it) must never decrease, and no replica may ever report a step below it (a replica that
+        restarts takes the stage's state, not an older one). Returns each violation seen; empty: none.
+
+        A step only the killed replica had applied (it died while its sibling was still receiving the round's
+        result) is not committed: the sibling redoes it with its own gradients."""
         problems: list[str] = []
-        for key in ("stage", "peer_id"):
-            highest: dict[str, StepSeen] = {}
-            for seen in sorted(self.seen, key=lambda s: s.at):
-                name = getattr(seen, key)
-                before = highest.get(name)
-                if before is not None and seen.step < before.step:
-                    problems.append(f"{key} {name}: step {before.step} then {seen.step}")
-                if before is None or seen.step > before.step:
-                    highest[name] = seen
+        committed: dict[str, int] = {}
+        for sweep in sorted(self.sweeps, key=lambda s: s.at):
+            floor = committed.get(sweep.stage, 0)
+            problems += [
+                f"stage {sweep.stage}: replica {peer} at step {step} after step {floor} was committed"
+                for peer, step in sweep.steps.items()
+                if step < floor
+            ]
+            if sweep.complete:
+                committed[sweep.stage] = max(floor, min(sweep.steps.values()))
         return problems
 
     def _kill_loop(self) -> None:
@@ -90,10 +101,12 @@ class ReplicaChurn:
         import ray
 
         while not self._stop.wait(WATCH_PERIOD_S):
-            for actors in self.job.stages.values():
+            for (start, end), actors in self.job.stages.items():
+                steps: dict[str, int] = {}
                 for actor in actors:
                     try:
                         info = ray.get(actor.info.remote(), timeout=2)
                     except Exception:  # dead or restarting: nothing to see
                         continue
-                    self.seen.append(StepSeen(time.monotonic(), info["stage"], info["peer_id"], info["step"]))
+                    steps[info["peer_id"]] = info["step"]
+                self.sweeps.append(Sweep(time.monotonic(), f"{start}-{end}", steps, len(actors)))
