@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import torch
@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from peers.backend import ForwardJob, SpanBackend
 from peers.kv_cache import CachePool
+from peers.limits import LimitsConfig, stream_bytes_for
 from peers.metrics import PeerMetrics
 from peers.scheduler import Scheduler, TaskKind
 from peers.service import PeerService, ServiceConfig
@@ -36,6 +37,8 @@ class ServerConfig:
     cache_tokens: int = 65536  # KV-cache pool size, in tokens (batch x max_length summed over sessions)
     max_session_length: int = 8192
     rpc_threads: int = 32  # concurrent RPCs (each open inference stream holds one)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
+    output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
 
 
 class PeerServer:
@@ -60,6 +63,10 @@ class PeerServer:
             config.max_message_bytes,
             config.max_session_length,
             max_sessions=max(1, config.rpc_threads - RESERVED_RPC_THREADS),
+            limits=config.limits,
+            stream_bytes=config.limits.stream_bytes
+            or stream_bytes_for(config.max_request_tokens, span.cfg.hidden_size, config.max_message_bytes),
+            output_noise_std=config.output_noise_std,
         )
         self.metrics = PeerMetrics(peer_id)
         self.service = PeerService(self.backend, self.scheduler, self.pool, service, self.metrics)
