@@ -56,7 +56,11 @@ class MalformedTensorError(InvalidRequest):
 class InvalidOutput(SwarmError):
     """A peer's answer failed the client's checks: undecodable, wrong shape or dtype, NaN/Inf, or disagreeing with
     other replicas of its span beyond the codec's tolerance. Client-side only: ban the peer and reroute, like a
-    peer that failed."""
+    peer that failed. `check` names the check (decode, shape, dtype, finite, disagreement)."""
+
+    def __init__(self, check: str, message: str) -> None:
+        super().__init__(f"{check} check failed: {message}")
+        self.check = check
 
 
 class CheckpointError(SwarmError):
