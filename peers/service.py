@@ -25,7 +25,15 @@ from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
 from swarm.codec.base import TORCH_TO_WIRE_DTYPE
-from swarm.errors import InvalidRequest, LimitExceeded, Overloaded, PeerUnavailable, status_for
+from swarm.errors import (
+    InvalidRequest,
+    LimitExceeded,
+    Overloaded,
+    PeerUnavailable,
+    SwarmError,
+    UnknownCodecError,
+    status_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -291,14 +299,21 @@ class PeerService(pb_grpc.PeerServicer):
         if choice.codec == pb.CODEC_UNSPECIFIED:
             codec = request_tensor.codec if request_tensor is not None else pb.CODEC_NONE
             return pb.CodecChoice(codec=codec, block_size=request_tensor.block_size if request_tensor else 0)
-        get_codec(choice.codec)  # UnknownCodecError for an id this peer does not know
+        codec = get_codec(choice.codec)  # UnknownCodecError for an id this peer does not know
+        if choice.block_size and choice.block_size not in codec.block_sizes:
+            raise UnknownCodecError(
+                f"response_codec: codec {CodecId(choice.codec).name} does not support block_size={choice.block_size}"
+            )
         return choice
 
     def _encode(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor:
         if self.config.output_noise_std:  # fault injection (ServiceConfig.output_noise_std): tests only
             rms = tensor.float().pow(2).mean().sqrt()
             tensor = tensor + (torch.randn_like(tensor.float()) * rms * self.config.output_noise_std).to(tensor.dtype)
-        msg = encode(tensor, CodecId(choice.codec), choice.block_size)
+        try:
+            msg = encode(tensor, CodecId(choice.codec), choice.block_size)
+        except InvalidRequest as error:  # the codec was checked when asked for: it is this peer's output (NaN/Inf)
+            raise SwarmError(f"this peer's output cannot be encoded: {error}") from error
         self.metrics.tensor("out", tensor.numel() * tensor.element_size(), msg.ByteSize())
         return msg
 

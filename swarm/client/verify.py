@@ -86,6 +86,7 @@ class Verifier:
         self.router, self.peers, self.open_stream, self.tokens = router, peers, open_stream, tokens
         self.policy, self.metrics, self.rng = policy, metrics, rng or random.Random()
         self._shadows: dict[Hop, _Replica] = {}
+        self.worst_agreement = 0.0  # the largest disagreement seen between answers accepted as agreeing
 
     def wants(self) -> bool:
         """Whether to verify the coming step (drawn once per step, for every hop of it)."""
@@ -111,6 +112,8 @@ class Verifier:
         gap = disagreement(output, second)
         if gap > self.policy.tolerance:
             self._settle(hop, shadow, history, hidden, output, second, gap)
+        else:
+            self.worst_agreement = max(self.worst_agreement, gap)
 
     def _settle(
         self,
