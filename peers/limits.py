@@ -157,7 +157,7 @@ class Admission:
         with self._lock:
             held = self._sessions[client]
             if held >= limit:
-                raise LimitExceeded("sessions_per_client", f"client {client} already holds {held} of {limit} sessions")
+                raise LimitExceeded("sessions_per_client", f"client {client} holds {held} of {limit} sessions")
             self._sessions[client] += 1
         try:
             yield SessionBudget(self.config.session_tokens)
