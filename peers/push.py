@@ -45,7 +45,7 @@ class Inbox:
                     return
                 if not self._put(("client", request.step)):
                     return
-        except grpc.RpcError as error:  # the client went away: hand it to the serving loop
+        except (grpc.RpcError, InvalidRequest) as error:  # the client went away, or sent garbage: the loop raises it
             self._put(error)
         finally:
             self._put(_END)

@@ -14,16 +14,15 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from peers.backend import ForwardJob, SpanBackend
+from peers.handlers import SERVICE_NAME, add_peer_service
 from peers.kv_cache import CachePool
 from peers.limits import LimitsConfig, stream_bytes_for
 from peers.metrics import PeerMetrics
 from peers.scheduler import Scheduler, TaskKind
 from peers.service import PeerService, ServiceConfig
 from swarm._proto import swarm_pb2 as pb
-from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.partition import BlockSpan
 
-SERVICE_NAME = "rayswarm.v1.Peer"
 RESERVED_RPC_THREADS = 8  # kept free of inference streams for Push, Forward, Info and Health
 
 
@@ -78,7 +77,7 @@ class PeerServer:
             ("grpc.so_reuseport", 0),
         ]
         self._server = grpc.server(futures.ThreadPoolExecutor(config.rpc_threads), options=options)
-        pb_grpc.add_PeerServicer_to_server(self.service, self._server)
+        add_peer_service(self.service, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
         self.address = f"{config.host}:{self.port}"

@@ -16,6 +16,7 @@ import grpc
 import torch
 
 from peers.backend import ForwardJob, SpanBackend
+from peers.handlers import Unparsable, parsed
 from peers.kv_cache import CachePool
 from peers.limits import Admission, LimitsConfig, SessionBudget, StreamBudget, client_key
 from peers.metrics import PeerMetrics
@@ -81,7 +82,7 @@ def answers_errors(method: Callable) -> Callable:
             started = time.perf_counter()
             try:
                 self.admission.request(client_key(context))
-                yield from method(self, request, context)
+                yield from method(self, parsed(request), context)
             except grpc.RpcError:
                 if context.is_active():
                     raise
@@ -99,6 +100,8 @@ def answers_errors(method: Callable) -> Callable:
         started = time.perf_counter()
         try:
             self.admission.request(client_key(context))
+            if isinstance(request, Unparsable):
+                raise request.error()
             response = method(self, request, context)
         except Exception as error:
             abort(self, context, error)
@@ -353,7 +356,10 @@ def _collect(parts: list[Any], field: str) -> tuple[Any, pb.Tensor]:
     if not parts:
         raise InvalidRequest("the stream carried no request")
     # A stream's two tensors may need different numbers of chunks: messages past one's end leave it unset.
-    return parts[0], join(getattr(p, field) for p in parts if p.HasField(field))
+    chunks = [getattr(p, field) for p in parts if p.HasField(field)]
+    if not chunks:
+        raise InvalidRequest(f"{field} is missing")
+    return parts[0], join(chunks)
 
 
 def _check_version(version: int) -> None:
