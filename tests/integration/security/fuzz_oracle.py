@@ -32,6 +32,7 @@ HUGE = 1e4  # inputs beyond this may overflow in the blocks: then the oracle run
 class Expect:
     ok: bool
     answers: int = 1  # messages of a successful answer (streams)
+    shape: list[int] | None = None  # of the answer's tensor, for Forward and Backward (that of the input)
     why: str = ""  # for failure messages of the test
 
 
@@ -108,7 +109,7 @@ class Oracle:
                 output = self.backend.backward(hidden, grads, position, blocks)
             if not bool(torch.isfinite(output).all()):
                 return Expect(False, why="the blocks overflow: the answer cannot be encoded in 8 bits")
-        return Expect(True)
+        return Expect(True, shape=list(hidden.shape))
 
     def _inference(self, requests: list) -> Expect:
         opening = requests[0] if requests else None

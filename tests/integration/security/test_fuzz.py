@@ -21,7 +21,7 @@ import torch
 
 from peers.backend import SpanBackend
 from swarm._proto import swarm_pb2 as pb
-from swarm.codec import CodecId, decode, encode
+from swarm.codec import CodecId, decode, encode, join
 from swarm.partition import load_span
 
 from .fuzz_cases import STREAMS, Case, Fuzzer
@@ -78,12 +78,23 @@ def judge(case: Case, expect, code: grpc.StatusCode, details: str, answers: list
             return "no answer"
         if case.rpc == "Inference" and len(answers) != expect.answers:
             return f"{len(answers)} answers, {expect.answers} steps"
+        if case.rpc in SHAPED and (shape := answer_shape(case.rpc, answers)) != expect.shape:
+            return f"answered shape {shape} to an input of {expect.shape}"
         return ""
     if code in NEVER:
         return f"invalid request ({expect.why}) answered {code.name} {details}"
     if code is grpc.StatusCode.INTERNAL and "output cannot be encoded" not in details:
         return f"INTERNAL: {details}"
     return ""
+
+
+SHAPED = {"Forward": "hidden_states", "ForwardStream": "hidden_states", "Backward": "grad_inputs"}
+SHAPED["BackwardStream"] = "grad_inputs"
+
+
+def answer_shape(rpc: str, answers: list[bytes]) -> list[int]:
+    response = pb.ForwardResponse if rpc.startswith("Forward") else pb.BackwardResponse
+    return list(decode(join(getattr(response.FromString(a), SHAPED[rpc]) for a in answers)).shape)
 
 
 def valid_forward_works(channel: grpc.Channel) -> None:
