@@ -1,8 +1,8 @@
 """What a peer must answer to any request, computed from the request's bytes: the oracle of the fuzz test.
 
 It restates the peer's documented rules (README, "Peer RPCs, errors and metrics") for the fuzzed peer's
-configuration (serve_span.FUZZ on blocks [0, 2)): `expect(rpc, messages)` says whether the call must succeed and,
-for streams, with how many answers. Any other call must fail with an error status, whichever.
+configuration (FUZZ in benchmarks/peer_process.py, blocks [0, 2)): `expect(rpc, messages)` says whether the call
+must succeed and, if so, with how many answers of which shape. Any other call must fail with an error status.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from dataclasses import dataclass
 import torch
 from google.protobuf.message import DecodeError
 
+from benchmarks.peer_process import FUZZ
 from peers.backend import MAX_POSITION, ForwardJob, SpanBackend
 from peers.limits import MESSAGE_OVERHEAD_BYTES, stream_bytes_for
 from swarm._proto import swarm_pb2 as pb
 from swarm.codec import CODECS, decode, join
 from swarm.codec.base import FLOATING_DTYPES
 from swarm.errors import InvalidRequest
-
-from .serve_span import FUZZ
 
 NUM_BLOCKS, SPAN, HIDDEN = 30, (0, 2), 576
 MAX_MESSAGE = FUZZ.max_message_bytes

@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import psutil
 import pytest
 import torch
 
+from benchmarks import peer_process
 from peers.backend import SpanBackend
 from swarm._proto import swarm_pb2 as pb
 from swarm.codec import CodecId, decode, encode, join
@@ -33,28 +33,15 @@ WARMUP = 1500  # cases before the baseline RSS: allocator pools, gRPC buffers an
 # +160 MiB over the first 1,000 cases, then +10 MiB over the next 8,500)
 RSS_GROWTH_BOUND = 64 << 20  # what the peer's memory may grow by over the rest of the run
 RSS_BOUND = 320 << 20  # and over the whole run
-REPO_ROOT = Path(__file__).resolve().parents[3]
-ARTIFACT = REPO_ROOT / ".cache" / "artifacts" / "fuzz.json"
+ARTIFACT = peer_process.REPO_ROOT / ".cache" / "artifacts" / "fuzz.json"
 NEVER = {grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 @pytest.fixture(scope="module")
 def target(smollm2_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
-    command = [sys.executable, "-m", "tests.integration.security.serve_span", "--model", str(smollm2_path)]
-    process = subprocess.Popen(
-        [*command, "--blocks", "0:2", "--fuzz-limits"], cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    try:
-        line = process.stdout.readline().decode()
-        assert line.startswith("serving "), f"the peer did not start: {line!r}"
-        yield process, line.split()[1]
-    finally:
-        process.stdin.close()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    process, address = peer_process.start(smollm2_path, "--blocks", "0:2", "--fuzz-limits")
+    yield process, address
+    peer_process.stop(process)
 
 
 def call(channel: grpc.Channel, case: Case) -> tuple[grpc.StatusCode, str, list[bytes]]:
