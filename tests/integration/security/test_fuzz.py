@@ -30,7 +30,7 @@ from .fuzz_oracle import FUZZ, Oracle
 CASES = 10_000
 SEED = 8
 WARMUP = 1500  # cases before the baseline RSS: allocator pools, gRPC buffers and torch kernels settle (measured:
-# +160 MiB over the first 1,000 cases, then +10 MiB over the next 8,500)
+# +160 MiB over the first 1,250 cases, then +11 MiB over the last 8,500)
 RSS_GROWTH_BOUND = 64 << 20  # what the peer's memory may grow by over the rest of the run
 RSS_BOUND = 320 << 20  # and over the whole run
 ARTIFACT = peer_process.REPO_ROOT / ".cache" / "artifacts" / "fuzz.json"
