@@ -31,6 +31,7 @@ bench: $(MODEL_READY)
 	$(PY) -m benchmarks.generate --model $(MODEL)
 	$(PY) -m benchmarks.rebalance_sim
 	$(PY) -m benchmarks.train
+	$(PY) -m benchmarks.load --model $(MODEL)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

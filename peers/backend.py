@@ -12,6 +12,8 @@ import torch
 from swarm.errors import InvalidRequest, InvalidSpan, WrongSpan
 from swarm.partition import BlockSpan, SpanCache
 
+MAX_POSITION = 1 << 31  # no model has a longer context, and rotary tables index positions with int64 arithmetic
+
 
 @dataclass(frozen=True, slots=True)
 class ForwardJob:
@@ -50,6 +52,11 @@ class SpanBackend:
             raise InvalidRequest(f"{field} holds {tokens} tokens; this peer allows {self.max_request_tokens}")
         if not bool(torch.isfinite(hidden).all()):
             raise InvalidRequest(f"{field} holds NaN or Inf values")
+
+    def check_position(self, position: int, tokens: int) -> None:
+        """Refuse positions no model reaches (a forward's rotary offset); raises InvalidRequest naming the limit."""
+        if position + tokens > MAX_POSITION:
+            raise InvalidRequest(f"position {position} + {tokens} tokens passes the largest position {MAX_POSITION}")
 
     def blocks(self, start: int, end: int) -> range:
         """The absolute block range [start, end), checked against the span.

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from peers.limits import LimitsConfig
 from peers.server import ServerConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -73,7 +74,21 @@ class PeerConfig:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> PeerConfig:
-        server = dataclasses.replace(ServerConfig(), host=ns.host, port=ns.port, cache_tokens=ns.cache_tokens)
+        limits = LimitsConfig(
+            sessions_per_client=ns.sessions_per_client,
+            requests_per_s=ns.requests_per_s,
+            request_burst=ns.request_burst,
+            session_tokens=ns.session_tokens,
+            stream_bytes=ns.stream_bytes,
+        )
+        server = dataclasses.replace(
+            ServerConfig(),
+            host=ns.host,
+            port=ns.port,
+            cache_tokens=ns.cache_tokens,
+            max_message_bytes=ns.max_message_bytes,
+            limits=limits,
+        )
         placement = PlacementConfig(
             memory_gib=ns.memory_gib,
             rebalance=ns.rebalance,

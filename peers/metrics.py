@@ -30,6 +30,12 @@ class PeerMetrics:
         self.steps = Counter(
             "swarm_inference_steps", "Inference steps run, by who sent them (client or push)", ["source"], **labels
         )
+        self.limit_refusals = Counter(
+            "swarm_limit_refusals",
+            "Requests refused by a per-client limit (peers/limits.py), by limit",
+            ["limit"],
+            **labels,
+        )
         self.queue_length = Gauge("swarm_queue_length", "Tasks waiting for compute", **labels)
         self.cache_tokens_in_use = Gauge("swarm_cache_tokens_in_use", "KV-cache tokens reserved", **labels)
         self.cache_tokens_total = Gauge("swarm_cache_tokens_total", "KV-cache pool size in tokens", **labels)

@@ -12,7 +12,7 @@ import grpc
 
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
-from swarm.errors import InvalidRequest, SessionNotFound
+from swarm.errors import InvalidRequest, Overloaded, SessionNotFound
 
 logger = logging.getLogger(__name__)
 
@@ -21,13 +21,19 @@ _END = object()
 # otherwise delay this answer past the client's step deadline and get this (healthy) peer blamed. On a failed
 # push the client sends the step itself.
 PUSH_TIMEOUT_S = 0.5
+# Messages a session may have waiting: a client sends one step and waits for its answer, a push may come beside
+# it, and chunks of a big step are taken out at once (their bytes are bounded by LimitsConfig.stream_bytes). A
+# client that sends faster is held back by gRPC flow control, since the reader stops reading.
+INBOX_MESSAGES = 4
+PUSH_WAIT_S = 0.25  # a push waits this long for room in a full inbox, then is refused (the client sends the step)
 
 
 class Inbox:
     """Steps of one session in arrival order, whether the client sent them on its stream or a peer pushed them."""
 
     def __init__(self, requests: Iterable[pb.InferenceRequest]) -> None:
-        self._items: queue.Queue[object] = queue.Queue()
+        self._items: queue.Queue[object] = queue.Queue(INBOX_MESSAGES)
+        self._closed = threading.Event()
         self._reader = threading.Thread(target=self._read, args=(iter(requests),), daemon=True)
         self._reader.start()
 
@@ -35,16 +41,35 @@ class Inbox:
         try:
             for request in requests:
                 if request.WhichOneof("kind") != "step":
-                    self._items.put(InvalidRequest("after `open`, an inference stream carries only `step` messages"))
+                    self._put(InvalidRequest("after `open`, an inference stream carries only `step` messages"))
                     return
-                self._items.put(("client", request.step))
-        except grpc.RpcError as error:  # the client went away: hand it to the serving loop
-            self._items.put(error)
+                if not self._put(("client", request.step)):
+                    return
+        except (grpc.RpcError, InvalidRequest) as error:  # the client went away, or sent garbage: the loop raises it
+            self._put(error)
         finally:
-            self._items.put(_END)
+            self._put(_END)
+
+    def _put(self, item: object) -> bool:
+        """Wait for room; False once the serving loop has closed the inbox (nobody will read any more)."""
+        while not self._closed.is_set():
+            try:
+                self._items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def push(self, step: pb.InferenceStep) -> None:
-        self._items.put(("push", step))
+        """Raises Overloaded when the session's inbox stays full for PUSH_WAIT_S."""
+        try:
+            self._items.put(("push", step), timeout=PUSH_WAIT_S)
+        except queue.Full:
+            raise Overloaded(f"the session's inbox is full ({INBOX_MESSAGES} messages waiting)") from None
+
+    def close(self) -> None:
+        """The serving loop is done: stop reading and let the reader thread go."""
+        self._closed.set()
 
     def __iter__(self) -> Iterator[tuple[str, pb.InferenceStep]]:
         """(source, step) pairs; source is "client" or "push"."""

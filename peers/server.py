@@ -7,22 +7,22 @@ from __future__ import annotations
 
 import time
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from peers.backend import ForwardJob, SpanBackend
+from peers.handlers import SERVICE_NAME, add_peer_service
 from peers.kv_cache import CachePool
+from peers.limits import LimitsConfig, stream_bytes_for
 from peers.metrics import PeerMetrics
 from peers.scheduler import Scheduler, TaskKind
 from peers.service import PeerService, ServiceConfig
 from swarm._proto import swarm_pb2 as pb
-from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.partition import BlockSpan
 
-SERVICE_NAME = "rayswarm.v1.Peer"
 RESERVED_RPC_THREADS = 8  # kept free of inference streams for Push, Forward, Info and Health
 
 
@@ -36,6 +36,8 @@ class ServerConfig:
     cache_tokens: int = 65536  # KV-cache pool size, in tokens (batch x max_length summed over sessions)
     max_session_length: int = 8192
     rpc_threads: int = 32  # concurrent RPCs (each open inference stream holds one)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
+    output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
 
 
 class PeerServer:
@@ -60,6 +62,10 @@ class PeerServer:
             config.max_message_bytes,
             config.max_session_length,
             max_sessions=max(1, config.rpc_threads - RESERVED_RPC_THREADS),
+            limits=config.limits,
+            stream_bytes=config.limits.stream_bytes
+            or stream_bytes_for(config.max_request_tokens, span.cfg.hidden_size, config.max_message_bytes),
+            output_noise_std=config.output_noise_std,
         )
         self.metrics = PeerMetrics(peer_id)
         self.service = PeerService(self.backend, self.scheduler, self.pool, service, self.metrics)
@@ -71,7 +77,7 @@ class PeerServer:
             ("grpc.so_reuseport", 0),
         ]
         self._server = grpc.server(futures.ThreadPoolExecutor(config.rpc_threads), options=options)
-        pb_grpc.add_PeerServicer_to_server(self.service, self._server)
+        add_peer_service(self.service, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
         self.address = f"{config.host}:{self.port}"

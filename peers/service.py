@@ -9,14 +9,16 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import torch
 
 from peers.backend import ForwardJob, SpanBackend
+from peers.handlers import Unparsable, parsed
 from peers.kv_cache import CachePool
+from peers.limits import Admission, LimitsConfig, SessionBudget, StreamBudget, client_key
 from peers.metrics import PeerMetrics
 from peers.push import Inbox, Inboxes, Pusher
 from peers.scheduler import Scheduler, TaskKind
@@ -24,7 +26,15 @@ from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
 from swarm.codec.base import TORCH_TO_WIRE_DTYPE
-from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, status_for
+from swarm.errors import (
+    InvalidRequest,
+    LimitExceeded,
+    Overloaded,
+    PeerUnavailable,
+    SwarmError,
+    UnknownCodecError,
+    status_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +49,11 @@ class ServiceConfig:
     max_message_bytes: int  # largest message accepted or sent; bigger tensors travel on the *Stream RPCs
     max_session_length: int  # tokens per sequence an inference session may reserve
     max_sessions: int  # open inference streams; each holds an RPC thread, so some threads stay free for the rest
+    limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
+    stream_bytes: int = 64 << 20  # bytes one chunked tensor may hold on the peer: LimitsConfig.stream_bytes, resolved
+    # FAULT INJECTION, for tests only: Gaussian noise of this std x the output's RMS is added to every output, as a
+    # broken or dishonest peer would (tests/integration/security/test_verify.py). Never set it on a real peer.
+    output_noise_std: float = 0.0
 
 
 def answers_errors(method: Callable) -> Callable:
@@ -48,6 +63,8 @@ def answers_errors(method: Callable) -> Callable:
 
     def abort(service: PeerService, context: grpc.ServicerContext, error: BaseException) -> None:
         code = status_for(error)
+        if isinstance(error, LimitExceeded):
+            service.metrics.limit_refusals.labels(limit=error.limit).inc()
         if code is grpc.StatusCode.INTERNAL:
             logger.exception("peer=%s rpc=%s failed unexpectedly", service.config.peer_id, rpc)
         service.metrics.requests.labels(rpc=rpc, status=code.name).inc()
@@ -64,7 +81,8 @@ def answers_errors(method: Callable) -> Callable:
         def streaming(self: PeerService, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             started = time.perf_counter()
             try:
-                yield from method(self, request, context)
+                self.admission.request(client_key(context))
+                yield from method(self, parsed(request), context)
             except grpc.RpcError:
                 if context.is_active():
                     raise
@@ -81,6 +99,9 @@ def answers_errors(method: Callable) -> Callable:
     def unary(self: PeerService, request: Any, context: grpc.ServicerContext) -> Any:
         started = time.perf_counter()
         try:
+            self.admission.request(client_key(context))
+            if isinstance(request, Unparsable):
+                raise request.error()
             response = method(self, request, context)
         except Exception as error:
             abort(self, context, error)
@@ -96,6 +117,7 @@ class PeerService(pb_grpc.PeerServicer):
     ) -> None:
         self.backend, self.scheduler, self.pool, self.config = backend, scheduler, pool, config
         self.metrics = metrics
+        self.admission = Admission(config.limits)
         self.state: int = pb.PEER_STATE_JOINING
         self.inboxes = Inboxes()
         self.pusher = Pusher(config.max_message_bytes)
@@ -109,7 +131,8 @@ class PeerService(pb_grpc.PeerServicer):
 
     @answers_errors
     def ForwardStream(self, requests: Iterable[pb.ForwardRequest], context: grpc.ServicerContext) -> Iterator:
-        first, tensor = _collect(requests, "hidden_states")
+        parts = _read_stream(requests, StreamBudget(self.config.stream_bytes, "ForwardStream"))
+        first, tensor = _collect(parts, "hidden_states")
         output, choice = self._forward(first, tensor)
         for chunk in split(self._encode(output, choice), self.config.max_message_bytes):
             yield pb.ForwardResponse(hidden_states=chunk, request_id=first.request_id)
@@ -121,7 +144,7 @@ class PeerService(pb_grpc.PeerServicer):
 
     @answers_errors
     def BackwardStream(self, requests: Iterable[pb.BackwardRequest], context: grpc.ServicerContext) -> Iterator:
-        parts = list(requests)
+        parts = _read_stream(requests, StreamBudget(2 * self.config.stream_bytes, "BackwardStream (two tensors)"))
         first, hidden = _collect(parts, "hidden_states")
         _, grad_outputs = _collect(parts, "grad_outputs")
         grads, choice = self._backward(first, hidden, grad_outputs)
@@ -132,6 +155,7 @@ class PeerService(pb_grpc.PeerServicer):
         _check_version(request.protocol_version)
         blocks = self.backend.blocks(request.start_block, request.end_block)
         hidden = self._decode_checked(tensor, "hidden_states")
+        self.backend.check_position(request.position, hidden.shape[1])
         job = ForwardJob(hidden, int(request.position), blocks)
         key = (blocks.start, blocks.stop, job.position, hidden.shape[1], hidden.dtype)
         future = self.scheduler.submit(TaskKind.FORWARD, job, tokens=hidden.shape[0] * hidden.shape[1], batch_key=key)
@@ -144,6 +168,7 @@ class PeerService(pb_grpc.PeerServicer):
         blocks = self.backend.blocks(request.start_block, request.end_block)
         hidden = self._decode_checked(hidden_msg, "hidden_states")
         grads = self._decode_checked(grad_msg, "grad_outputs")
+        self.backend.check_position(request.position, hidden.shape[1])
         payload = (hidden, grads, int(request.position), blocks)
         future = self.scheduler.submit(TaskKind.BACKWARD, payload, tokens=hidden.shape[0] * hidden.shape[1])
         return future.result(), self._response_codec(request.response_codec, grad_msg)
@@ -156,18 +181,26 @@ class PeerService(pb_grpc.PeerServicer):
         opening = next(requests, None)
         if opening is None or opening.WhichOneof("kind") != "open":
             raise InvalidRequest("an inference stream must start with an `open` message")
-        session_id, blocks, choice = self._open_session(opening.open)
-        inbox = Inbox(requests)
-        self.inboxes.add(session_id, inbox)
-        try:
-            yield from self._serve_steps(session_id, blocks, choice, inbox)
-        finally:
-            self.inboxes.remove(session_id)
-            self.pool.release(session_id)
+        client = client_key(context)
+        with self.admission.session(client) as budget:
+            session_id, blocks, choice = self._open_session(opening.open)
+            inbox = Inbox(requests)
+            self.inboxes.add(session_id, inbox)
+            try:
+                yield from self._serve_steps(session_id, blocks, choice, inbox, _Steps(client, budget))
+            finally:
+                inbox.close()
+                self.inboxes.remove(session_id)
+                self.pool.release(session_id)
 
     @answers_errors
     def Push(self, request: pb.PushRequest, context: grpc.ServicerContext) -> pb.PushResponse:
         _check_version(request.protocol_version)
+        if request.step.hidden_states.num_chunks > 1:
+            raise InvalidRequest("a pushed step carries one whole tensor, not a chunk")
+        # Checked here, so that a bad push is refused to its sender (who then reports pushed=false to the client)
+        # instead of ending the session it was meant for.
+        self._decode_checked(request.step.hidden_states, "step.hidden_states", counted=False)
         self.inboxes.deliver(request.session_id, request.step)
         return pb.PushResponse()
 
@@ -193,21 +226,26 @@ class PeerService(pb_grpc.PeerServicer):
         return opening.session_id, blocks, choice
 
     def _serve_steps(
-        self, session_id: str, blocks: range, choice: pb.CodecChoice, inbox: Inbox
+        self, session_id: str, blocks: range, choice: pb.CodecChoice, inbox: Inbox, steps: _Steps
     ) -> Iterator[pb.InferenceResponse]:
         cache = self.pool.get(session_id)
         chunks: dict[tuple[str, int], list[pb.Tensor]] = {}
-        done: set[int] = set()  # at most one per token of the session
+        held = StreamBudget(self.config.stream_bytes, f"session {session_id}'s unfinished chunked steps")
+        done: set[int] = set()  # at most one per token of the session (bounded by session_tokens)
         for source, step in inbox:
             if step.step_id in done:
                 continue  # already run: pushed by the previous peer and then sent by the client too
             parts = chunks.setdefault((source, step.step_id), [])  # a pushed copy and the client's never mix
+            held.take(step.hidden_states.ByteSize())
             parts.append(step.hidden_states)
             if len(parts) < max(step.hidden_states.num_chunks, 1):
                 continue
             del chunks[(source, step.step_id)]
+            for part in parts:
+                held.give_back(part.ByteSize())
             self.metrics.steps.labels(source=source).inc()
             hidden = self._decode_checked(join(parts), "hidden_states")
+            steps.admit(self.admission, hidden.shape[0] * hidden.shape[1])
             started = time.perf_counter()
             payload = (cache, hidden, int(step.position), blocks)
             output = self.scheduler.submit(TaskKind.INFERENCE, payload, tokens=hidden.shape[0] * hidden.shape[1])
@@ -250,11 +288,12 @@ class PeerService(pb_grpc.PeerServicer):
 
     # ---- helpers ----
 
-    def _decode_checked(self, msg: pb.Tensor, field: str) -> torch.Tensor:
+    def _decode_checked(self, msg: pb.Tensor, field: str, counted: bool = True) -> torch.Tensor:
         if not msg.ByteSize():
             raise InvalidRequest(f"{field} is missing")
         tensor = decode(msg, device=self.backend.span.device)
-        self.metrics.tensor("in", tensor.numel() * tensor.element_size(), msg.ByteSize())
+        if counted:
+            self.metrics.tensor("in", tensor.numel() * tensor.element_size(), msg.ByteSize())
         self.backend.check(tensor, field)
         return tensor
 
@@ -263,11 +302,21 @@ class PeerService(pb_grpc.PeerServicer):
         if choice.codec == pb.CODEC_UNSPECIFIED:
             codec = request_tensor.codec if request_tensor is not None else pb.CODEC_NONE
             return pb.CodecChoice(codec=codec, block_size=request_tensor.block_size if request_tensor else 0)
-        get_codec(choice.codec)  # UnknownCodecError for an id this peer does not know
+        codec = get_codec(choice.codec)  # UnknownCodecError for an id this peer does not know
+        if choice.block_size and choice.block_size not in codec.block_sizes:
+            raise UnknownCodecError(
+                f"response_codec: codec {CodecId(choice.codec).name} does not support block_size={choice.block_size}"
+            )
         return choice
 
     def _encode(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor:
-        msg = encode(tensor, CodecId(choice.codec), choice.block_size)
+        if self.config.output_noise_std:  # fault injection (ServiceConfig.output_noise_std): tests only
+            rms = tensor.float().pow(2).mean().sqrt()
+            tensor = tensor + (torch.randn_like(tensor.float()) * rms * self.config.output_noise_std).to(tensor.dtype)
+        try:
+            msg = encode(tensor, CodecId(choice.codec), choice.block_size)
+        except InvalidRequest as error:  # the codec was checked when asked for: it is this peer's output (NaN/Inf)
+            raise SwarmError(f"this peer's output cannot be encoded: {error}") from error
         self.metrics.tensor("out", tensor.numel() * tensor.element_size(), msg.ByteSize())
         return msg
 
@@ -281,13 +330,36 @@ class PeerService(pb_grpc.PeerServicer):
         return msg
 
 
-def _collect(requests: Iterable[Any], field: str) -> tuple[Any, pb.Tensor]:
+@dataclass(frozen=True, slots=True)
+class _Steps:
+    """Whose session it is, for the per-client limits each step passes."""
+
+    client: str
+    budget: SessionBudget
+
+    def admit(self, admission: Admission, tokens: int) -> None:
+        admission.request(self.client)
+        self.budget.spend(tokens)
+
+
+def _read_stream(requests: Iterable[Any], budget: StreamBudget) -> list[Any]:
+    """Every message of a client stream, refusing (LimitExceeded) once they hold more than the budget."""
+    parts = []
+    for request in requests:
+        budget.take(request.ByteSize())
+        parts.append(request)
+    return parts
+
+
+def _collect(parts: list[Any], field: str) -> tuple[Any, pb.Tensor]:
     """The first request of a chunked stream and the tensor `field` joined from all of them."""
-    parts = list(requests)
     if not parts:
         raise InvalidRequest("the stream carried no request")
     # A stream's two tensors may need different numbers of chunks: messages past one's end leave it unset.
-    return parts[0], join(getattr(p, field) for p in parts if p.HasField(field))
+    chunks = [getattr(p, field) for p in parts if p.HasField(field)]
+    if not chunks:
+        raise InvalidRequest(f"{field} is missing")
+    return parts[0], join(chunks)
 
 
 def _check_version(version: int) -> None:

@@ -19,3 +19,13 @@ class ClientConfig:
     dht_host: str = "127.0.0.1"  # address of the client's own (client-mode) DHT node
     push: bool = True  # peers forward each step's output to the next peer themselves (server-to-server push)
     metrics_port: int | None = None  # serve the client's Prometheus /metrics on dht_host:port (0: any); None: not
+    # Fraction of inference steps also run on a second replica of each hop's span; a peer whose answer disagrees
+    # beyond the codec's tolerance is banned (swarm/client/verify.py). 0: off; 1: every step, about twice the work.
+    verify_fraction: float = 0.0
+    verify_margin: float = 0.01  # relative L2 allowed on top of 2 x the codec's max_error (swarm/client/checks.py)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.verify_fraction <= 1.0:
+            raise ValueError(f"verify_fraction must be in [0, 1], got {self.verify_fraction}")
+        if self.verify_margin < 0:
+            raise ValueError(f"verify_margin must be >= 0, got {self.verify_margin}")

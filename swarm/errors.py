@@ -20,6 +20,15 @@ class Overloaded(SwarmError):
     """The peer is alive but out of capacity (queue, cache room, limits): back off, do not ban."""
 
 
+class LimitExceeded(Overloaded):
+    """A per-client admission limit of the peer was reached (sessions, request rate, tokens per session, bytes
+    per stream). `limit` names it, as the peer's configuration does; the message says by how much."""
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(f"limit {limit} exceeded: {message}")
+        self.limit = limit
+
+
 class SessionLost(SwarmError):
     """The peer no longer holds the session's state: replay the history to a new peer."""
 
@@ -42,6 +51,16 @@ class UnknownCodecError(InvalidRequest):
 
 class MalformedTensorError(InvalidRequest):
     """A Tensor message is truncated, garbled or inconsistent (shape vs payload, chunks)."""
+
+
+class InvalidOutput(SwarmError):
+    """A peer's answer failed the client's checks: undecodable, wrong shape or dtype, NaN/Inf, or disagreeing with
+    other replicas of its span beyond the codec's tolerance. Client-side only: ban the peer and reroute, like a
+    peer that failed. `check` names the check (decode, shape, dtype, finite, disagreement)."""
+
+    def __init__(self, check: str, message: str) -> None:
+        super().__init__(f"{check} check failed: {message}")
+        self.check = check
 
 
 class CheckpointError(SwarmError):

@@ -73,6 +73,30 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttl", type=float, default=30.0, help="seconds a record lives without a refresh")
     parser.add_argument("--announce-period", type=float, default=None, help="refresh period (default: ttl / 3)")
     parser.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight work gets on SIGTERM")
+    add_limit_flags(parser)
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """Per-client admission limits (peers/limits.py); refusals are RESOURCE_EXHAUSTED naming the limit. Defaults
+    are LimitsConfig's and ServerConfig's (a unit test checks), written out so that `--help` does not import torch."""
+    group = parser.add_argument_group("limits per client")
+    group.add_argument("--sessions-per-client", type=int, default=16, help="open inference sessions per client")
+    group.add_argument(
+        "--requests-per-s", type=float, default=500.0, help="sustained RPCs + inference steps per second per client"
+    )
+    group.add_argument("--request-burst", type=int, default=1000, help="requests a client may send at once")
+    group.add_argument(
+        "--session-tokens", type=int, default=1 << 20, help="tokens one session may run (replays included)"
+    )
+    group.add_argument(
+        "--stream-bytes",
+        type=int,
+        default=0,
+        help="bytes of one chunked tensor held on the peer (default: 8192 float32 tokens of hidden states)",
+    )
+    group.add_argument(
+        "--max-message-bytes", type=int, default=4 << 20, help="largest gRPC message (bigger tensors are chunked)"
+    )
 
 
 def run_join(ns: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
-"""The Prometheus metrics of a client (names `swarm_client_*`): failovers, retries and step latency as the
-application sees them. Each model has a registry of its own; an application serves it with `serve()` (or sets
-ClientConfig.metrics_port) and lists the address in a Prometheus file-SD file (README, "Operating a swarm")."""
+"""The Prometheus metrics of a client (names `swarm_client_*`): failovers, retries, step latency and refused
+outputs as the application sees them. Each model has a registry of its own; an application serves it with
+`serve()` (or sets ClientConfig.metrics_port) and lists the address in a Prometheus file-SD file (README,
+"Operating a swarm")."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RETRY_RPCS = ("forward", "backward")
+OUTPUT_CHECKS = ("decode", "shape", "dtype", "finite", "disagreement")  # swarm/client/checks.py
 
 
 class ClientMetrics:
@@ -32,6 +34,12 @@ class ClientMetrics:
             buckets=STEP_BUCKETS,
             **labels,
         ).labels(model=model)
+        self.verified_steps = Counter(
+            "swarm_client_verified_steps", "Hop outputs also computed on a second replica", ["model"], **labels
+        ).labels(model=model)
+        self.verified_steps.inc(0)
+        bad = Counter("swarm_client_bad_outputs", "Peer outputs refused, by check", ["model", "check"], **labels)
+        self.bad_outputs = {check: bad.labels(model=model, check=check) for check in OUTPUT_CHECKS}
         self._server = None
 
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:

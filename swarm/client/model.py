@@ -43,6 +43,9 @@ class ModelSession:
             model.client_config.push,
             model.metrics,
         )
+        config = model.client_config
+        if config.verify_fraction > 0:
+            self.session.enable_verification(config.verify_fraction, config.verify_margin)
         self.tokens = torch.zeros(batch_size, 0, dtype=torch.long)  # every token the peers have seen
         self.pending = torch.zeros(batch_size, 0, dtype=torch.long)  # generated last turn, not fed yet
 

@@ -16,9 +16,18 @@ import torch
 
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
+from swarm.client.checks import checked_output
 from swarm.client.metrics import ClientMetrics
-from swarm.codec import CodecId, decode, encode, join, split
-from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, SwarmError, WrongSpan, error_for
+from swarm.codec import CodecId, encode, join, split
+from swarm.errors import (
+    InvalidOutput,
+    InvalidRequest,
+    Overloaded,
+    PeerUnavailable,
+    SwarmError,
+    WrongSpan,
+    error_for,
+)
 from swarm.router import Router
 from swarm.types import Hop, PeerInfo, Span
 
@@ -85,7 +94,8 @@ class RemoteSequential(torch.nn.Module):
         return self.router.choose(span, self.peers(), tokens=hidden.shape[0] * hidden.shape[1])
 
     def _call(self, hop: Hop, position: int, hidden: torch.Tensor, grad: torch.Tensor | None = None) -> torch.Tensor:
-        """One Forward (grad None) or Backward call on the stream RPCs, which carry tensors of any size."""
+        """One Forward (grad None) or Backward call on the stream RPCs, which carry tensors of any size; the answer
+        passes the output checks (swarm/client/checks.py) against `hidden`, whose shape it must have."""
         header = {"protocol_version": pb.PROTOCOL_VERSION_CURRENT, "position": position}
         header |= {"start_block": hop.span.start, "end_block": hop.span.end}
         choice = pb.CodecChoice(codec=int(self.codec))
@@ -95,16 +105,21 @@ class RemoteSequential(torch.nn.Module):
                 requests = [
                     pb.ForwardRequest(hidden_states=c, response_codec=choice, **header) for c in self._chunks(hidden)
                 ]
-                return decode(
-                    join(r.hidden_states for r in stub.ForwardStream(iter(requests), timeout=self.timeout_s))
-                )
-            pairs = itertools.zip_longest(self._chunks(hidden), self._chunks(grad))
-            requests = [
-                pb.BackwardRequest(hidden_states=h, grad_outputs=g, response_codec=choice, **header) for h, g in pairs
-            ]
-            return decode(join(r.grad_inputs for r in stub.BackwardStream(iter(requests), timeout=self.timeout_s)))
+                chunks = [r.hidden_states for r in stub.ForwardStream(iter(requests), timeout=self.timeout_s)]
+            else:
+                pairs = itertools.zip_longest(self._chunks(hidden), self._chunks(grad))
+                requests = [
+                    pb.BackwardRequest(hidden_states=h, grad_outputs=g, response_codec=choice, **header)
+                    for h, g in pairs
+                ]
+                chunks = [r.grad_inputs for r in stub.BackwardStream(iter(requests), timeout=self.timeout_s)]
         except grpc.RpcError as error:
             raise error_for(error.code(), f"{hop.address}: {error.details()}") from error
+        try:
+            whole = join(chunks)
+        except InvalidRequest as error:  # chunks that do not fit together: the peer's fault
+            raise InvalidOutput("decode", f"{hop.address}: {error}") from error
+        return checked_output(whole, hidden, hop.address)
 
     def _chunks(self, tensor: torch.Tensor) -> list[pb.Tensor]:
         return list(split(encode(tensor.detach(), self.codec), CHUNK_BYTES))
@@ -121,6 +136,8 @@ class _Retries:
             raise PeerUnavailable(f"blocks {hop.span} failed too often; last: {error}") from error
         self.left -= 1
         self.metrics.retries[rpc].inc()
+        if isinstance(error, InvalidOutput):
+            self.metrics.bad_outputs[error.check].inc()
         if isinstance(error, Overloaded | WrongSpan):  # alive but full, or moved: step aside, no escalating ban
             router.bans.pause(hop.peer_id, 2.0)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 import uuid
@@ -20,10 +21,13 @@ import torch
 
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.client.checks import checked_output, tolerance
 from swarm.client.metrics import ClientMetrics
-from swarm.codec import CodecId, decode, encode, join, split
+from swarm.client.verify import Verifier, VerifyPolicy
+from swarm.codec import CodecId, encode, join, split
 from swarm.errors import (
     DeadlineExceeded,
+    InvalidOutput,
     InvalidRequest,
     MissingBlocks,
     Overloaded,
@@ -39,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 << 20  # what the client sends in one message; bigger tensors go in chunks
 MAX_RECEIVE_BYTES = 64 << 20  # accept whatever a peer configured above the default sends
+MIN_CHUNK_BYTES = 1024  # a peer chunks answers at its message limit, never this small
 REPLAY_TOKENS = 1024  # batch x tokens per replay step: well under a peer's default max_request_tokens (8192)
 OVERLOADED_PAUSE_S = 2.0
 _CLOSED = object()
@@ -86,28 +91,37 @@ class SpanSession:
             step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=chunk, push_to=push_to)
             self._requests.put(pb.InferenceRequest(step=step))
 
-    def receive(self, step_id: int) -> tuple[torch.Tensor, bool]:
-        """The output of step `step_id` and whether the peer pushed it on to the next one.
+    def receive(self, step_id: int, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The output of step `step_id`, whose input was `like`, and whether the peer pushed it on to the next one.
 
         Raises:
             DeadlineExceeded: no answer within step_timeout_s (the stream is cancelled).
+            InvalidOutput: the answer is not hidden states of the input's shape (swarm/client/checks.py).
             SwarmError subclasses mapped from the peer's gRPC status (swarm/errors.py).
         """
-        first = self._next_response()
+        deadline = time.monotonic() + self.step_timeout_s  # for the whole answer, however the peer trickles it
+        first = self._next_response(deadline)
         while first.step_id != step_id:  # a late answer to a step we had already given up on
-            first = self._next_response()
+            first = self._next_response(deadline)
+        expected = max(first.hidden_states.num_chunks, 1)
+        if expected > like.numel() * 4 // MIN_CHUNK_BYTES + 1:  # float32 without compression, chunks of >= 1 KiB
+            raise InvalidOutput("decode", f"{self.hop.address} announces {expected} chunks for {list(like.shape)}")
         chunks = [first.hidden_states]
-        while len(chunks) < max(first.hidden_states.num_chunks, 1):
-            chunks.append(self._next_response().hidden_states)
-        return decode(join(chunks)), first.pushed
+        while len(chunks) < expected:
+            chunks.append(self._next_response(deadline).hidden_states)
+        try:
+            whole = join(chunks)
+        except InvalidRequest as error:  # chunks that do not fit together: the peer's fault, not ours
+            raise InvalidOutput("decode", f"{self.hop.address}: {error}") from error
+        return checked_output(whole, like, self.hop.address), first.pushed
 
     def step(self, hidden: torch.Tensor, position: int, step_id: int) -> torch.Tensor:
         self.send(hidden, position, step_id)
-        return self.receive(step_id)[0]
+        return self.receive(step_id, hidden)[0]
 
-    def _next_response(self) -> pb.InferenceResponse:
+    def _next_response(self, deadline: float) -> pb.InferenceResponse:
         try:
-            item = self._responses.get(timeout=self.step_timeout_s)
+            item = self._responses.get(timeout=max(deadline - time.monotonic(), 0.0))
         except queue.Empty:
             self._call.cancel()
             raise DeadlineExceeded(f"{self.hop.address}: no answer within {self.step_timeout_s} s") from None
@@ -163,11 +177,22 @@ class InferenceSession:
         self.position = 0
         self._step_id = 0
         self.failovers = 0
+        self._verifier: Verifier | None = None
         self._hops = self._open(need, inputs=[])
 
     @property
     def route(self) -> Route:
         return tuple(state.hop for state in self._hops)
+
+    def enable_verification(self, fraction: float, margin: float, rng: random.Random | None = None) -> None:
+        """Also run `fraction` of the steps on a second replica of each hop's span and ban peers whose answers
+        disagree beyond the codec's tolerance plus `margin` (swarm/client/verify.py). Verified steps go without
+        server-to-server push: each answer is checked before the next peer sees it."""
+        policy = VerifyPolicy(fraction, tolerance(self.codec, margin), REPLAY_TOKENS)
+        self._verifier = Verifier(self.router, self.peers, self._stream, self._tokens, policy, self.metrics, rng)
+
+    def _stream(self, hop: Hop) -> SpanSession:
+        return SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s)
 
     def step(self, hidden: torch.Tensor) -> torch.Tensor:
         """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last output.
@@ -177,19 +202,25 @@ class InferenceSession:
         where a push did not happen.
         """
         step_id, started = self._next_step_id(), time.perf_counter()
+        verify = self._verifier is not None and self._verifier.wants()
         index, must_send = 0, True
         staged: list[tuple[_HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
         while index < len(self._hops):
             state = self._hops[index]
             try:
                 if must_send:
-                    state.session.send(hidden, self.position, step_id, self._push_targets(index + 1))
-                output, pushed = state.session.receive(step_id)
+                    push_to = [] if verify else self._push_targets(index + 1)
+                    state.session.send(hidden, self.position, step_id, push_to)
+                output, pushed = state.session.receive(step_id, hidden)
+                if verify:
+                    self._verify(state, hidden, output)
             except InvalidRequest:
                 raise  # a bug or a limit: no other peer would answer differently
             except SwarmError as error:
                 self._fail_over(index, error)
-                must_send = True
+                # A new id: peers after this hop may have run a step the failed peer pushed them (garbage, if its
+                # answer failed the checks); under a new id they run the replacement's at the same position again.
+                step_id, must_send = self._next_step_id(), True
                 continue  # the same index now holds the replacement's first hop
             staged.append((state, hidden))
             self.router.bans.forgive(state.hop.peer_id)
@@ -199,6 +230,11 @@ class InferenceSession:
         self.position += hidden.shape[1]
         self.metrics.step_latency.observe(time.perf_counter() - started)
         return hidden
+
+    def _verify(self, state: _HopState, hidden: torch.Tensor, output: torch.Tensor) -> None:
+        assert self._verifier is not None
+        history = torch.cat(state.inputs, dim=1) if state.inputs else None
+        self._verifier.check(state.hop, history, hidden, output)
 
     def _next_step_id(self) -> int:
         self._step_id += 1
@@ -211,11 +247,15 @@ class InferenceSession:
         """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing."""
         failed = self._hops.pop(index)
         failed.session.close()
+        if self._verifier is not None:
+            self._verifier.forget(failed.hop)
         self.router.release((failed.hop,), self._tokens)
         culprit = failed.hop.peer_id
         while True:
             self.failovers += 1
             self.metrics.failovers.inc()
+            if isinstance(error, InvalidOutput):
+                self.metrics.bad_outputs[error.check].inc()
             if self.failovers > self.max_failovers:
                 raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
             if isinstance(error, Overloaded | WrongSpan):  # alive but full, or moved: step aside, no escalating ban
@@ -243,10 +283,7 @@ class InferenceSession:
         """
         route = self._choose(need, fresh)
         self.router.acquire(route, self._tokens)
-        states = [
-            _HopState(hop, SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s))
-            for hop in route
-        ]
+        states = [_HopState(hop, self._stream(hop)) for hop in route]
         state = states[0]
         try:
             history = torch.cat(inputs, dim=1) if inputs else None
@@ -290,6 +327,8 @@ class InferenceSession:
         for state in self._hops:
             state.session.close()
         self.router.release(self.route, self._tokens)
+        if self._verifier is not None:
+            self._verifier.close()
 
     def __enter__(self) -> InferenceSession:
         return self

@@ -1,0 +1,79 @@
+"""A peer in a process of its own, for measurements that must watch it (crash, memory): the load benchmark and
+the fuzz test. It serves blocks of a checkpoint until its stdin closes, printing `serving ADDRESS` once ready.
+
+Run: `python -m benchmarks.peer_process --model .cache/models/smollm2-135m --blocks 0:2 [--fuzz-limits]`
+(`start()` does this from Python and returns the process and the address).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from peers.limits import LimitsConfig
+from peers.server import PeerServer, ServerConfig
+from swarm.partition import load_span
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# What a fuzzer works under: small requests (compute stays cheap) and a generous request rate (the fuzzer's own
+# rate would otherwise turn most of its calls into rate refusals, hiding the paths it explores).
+FUZZ = ServerConfig(
+    max_request_tokens=256,
+    max_batch_tokens=256,
+    cache_tokens=8192,
+    max_session_length=256,
+    limits=LimitsConfig(requests_per_s=1e6, request_burst=1_000_000, sessions_per_client=64),
+)
+
+
+def start(model: str | Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """Start the peer process with `flags` (this module's); returns it once serving, and its address."""
+    command = [sys.executable, "-m", "benchmarks.peer_process", "--model", str(model), *flags]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    line = process.stdout.readline().decode()
+    if not line.startswith("serving "):
+        stop(process)
+        raise RuntimeError(f"the peer process did not start: {line!r}")
+    return process, line.split()[1]
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Close its stdin (it stops serving and exits); kill it if it has not exited within 30 s."""
+    process.stdin.close()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--blocks", default="0:2")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--rpc-threads", type=int, default=ServerConfig().rpc_threads)
+    parser.add_argument("--sessions-per-client", type=int, default=LimitsConfig().sessions_per_client)
+    parser.add_argument("--fuzz-limits", action="store_true", help="FUZZ's config instead of ServerConfig()'s")
+    ns = parser.parse_args()
+    torch.set_num_threads(ns.threads)
+    start_block, end_block = (int(part) for part in ns.blocks.split(":"))
+    config = FUZZ if ns.fuzz_limits else ServerConfig()
+    if not ns.fuzz_limits:
+        limits = dataclasses.replace(config.limits, sessions_per_client=ns.sessions_per_client)
+        config = dataclasses.replace(config, limits=limits)
+    config = dataclasses.replace(config, rpc_threads=ns.rpc_threads)
+    server = PeerServer(load_span(ns.model, start_block, end_block), config, peer_id="measured", model="smollm2-135m")
+    server.start()
+    print(f"serving {server.address}", flush=True)
+    sys.stdin.read()  # until the parent closes our stdin (or dies)
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

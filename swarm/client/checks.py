@@ -1,0 +1,55 @@
+"""What the client checks of every tensor a peer returns, and how far two honest replicas' outputs may differ.
+
+swarm/client/session.py and sequential.py pass each answer through `checked_output`; verify.py compares
+replicas with `disagreement` against `tolerance`. A failed check is InvalidOutput: the peer is banned and its
+span rerouted, exactly as if it had failed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from swarm._proto import swarm_pb2 as pb
+from swarm.codec import CodecId, decode, get_codec
+from swarm.codec.base import FLOATING_DTYPES
+from swarm.errors import InvalidOutput, InvalidRequest
+
+
+def checked_output(msg: pb.Tensor, like: torch.Tensor, address: str) -> torch.Tensor:
+    """Decode a peer's answer to input `like` [batch, seq, hidden]: blocks map hidden states to hidden states, so
+    the answer must have the input's shape, a floating dtype, and only finite values.
+
+    Raises:
+        InvalidOutput: naming the check that failed and the peer's address.
+    """
+    try:
+        output = decode(msg)
+    except InvalidRequest as error:  # MalformedTensorError, UnknownCodecError: the peer sent garbage
+        raise InvalidOutput("decode", f"{address} answered with an undecodable tensor: {error}") from error
+    if output.shape != like.shape:
+        raise InvalidOutput("shape", f"{address} answered {list(output.shape)} to an input of {list(like.shape)}")
+    if output.dtype not in FLOATING_DTYPES:
+        raise InvalidOutput("dtype", f"{address} answered in {output.dtype}, not a floating dtype")
+    if not bool(torch.isfinite(output).all()):
+        raise InvalidOutput("finite", f"{address} answered with NaN or Inf values")
+    return output
+
+
+def disagreement(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative L2 distance ||a - b|| / max(||a||, ||b||) of two answers to the same input (0 for two zeros)."""
+    a, b = a.double(), b.double()
+    scale = max(float(a.norm()), float(b.norm()))
+    return float((a - b).norm()) / scale if scale > 0 else 0.0
+
+
+def tolerance(codec: CodecId, margin: float) -> float:
+    """How far two honest replicas' answers may be apart when both travel through `codec`.
+
+    Both replicas get the same input (the client encodes the same tensor for each; re-encoding an already
+    quantised tensor gives it back), so they compute the same y up to float rounding, and each answer reaches the
+    client off by at most the codec's worst-case relative error (Codec.max_error): the triangle inequality gives
+    2 x max_error. `margin` covers what the codec does not: float rounding (a replica catching up computes many
+    tokens at once where the other computed them one by one) and nothing else: replicas computing in different
+    dtypes (bfloat16 against float32) differ by more, and swarms mixing them need a larger margin.
+    """
+    return 2 * get_codec(codec).max_error(torch.float32) + margin

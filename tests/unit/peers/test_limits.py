@@ -1,0 +1,160 @@
+"""Per-client admission (peers/limits.py): the request bucket, session slots, token and byte budgets, who the
+client is, and the CLI flags that set them."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from peers.config import PeerConfig
+from peers.limits import (
+    MAX_TRACKED_CLIENTS,
+    MESSAGE_OVERHEAD_BYTES,
+    Admission,
+    LimitsConfig,
+    SessionBudget,
+    StreamBudget,
+    client_key,
+    stream_bytes_for,
+)
+from peers.server import ServerConfig
+from swarm.cli.peer import add_peer_flags
+from swarm.errors import LimitExceeded, Overloaded
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Context:
+    def __init__(self, peer: str, metadata: tuple = ()) -> None:
+        self._peer, self._metadata = peer, metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self) -> tuple:
+        return self._metadata
+
+
+def test_a_burst_is_admitted_then_the_sustained_rate() -> None:
+    clock = Clock()
+    admission = Admission(LimitsConfig(requests_per_s=8, request_burst=5), clock)
+    for _ in range(5):
+        admission.request("a")
+    with pytest.raises(LimitExceeded, match=r"requests_per_s.*more than 8 requests/s") as caught:
+        admission.request("a")
+    assert caught.value.limit == "requests_per_s" and isinstance(caught.value, Overloaded)
+    admission.request("b")  # another client has its own bucket
+    clock.now += 0.125  # one request's worth of refill
+    admission.request("a")
+    with pytest.raises(LimitExceeded):
+        admission.request("a")
+    clock.now += 60  # refills up to the burst, not beyond
+    for _ in range(5):
+        admission.request("a")
+    with pytest.raises(LimitExceeded):
+        admission.request("a")
+
+
+def test_idle_clients_are_forgotten_once_many_are_tracked() -> None:
+    clock = Clock()
+    admission = Admission(LimitsConfig(requests_per_s=1000, request_burst=2), clock)
+    for number in range(MAX_TRACKED_CLIENTS):
+        admission.request(f"client-{number}")
+    assert admission.tracked_clients == MAX_TRACKED_CLIENTS
+    clock.now += 1.0  # every bucket has refilled
+    admission.request("newcomer")
+    assert admission.tracked_clients == 1
+
+
+def test_session_slots_per_client_are_given_back() -> None:
+    admission = Admission(LimitsConfig(sessions_per_client=2))
+    with admission.session("a"), admission.session("a"):
+        assert admission.open_sessions("a") == 2
+        with pytest.raises(LimitExceeded, match=r"sessions_per_client.*holds 2 of 2"), admission.session("a"):
+            pass
+        with admission.session("b"):
+            pass
+    assert admission.open_sessions("a") == 0
+    with pytest.raises(RuntimeError), admission.session("a"):
+        raise RuntimeError("the session failed")
+    assert admission.open_sessions("a") == 0
+
+
+def test_session_tokens_include_every_step() -> None:
+    budget = SessionBudget(10)
+    budget.spend(6)
+    budget.spend(4)
+    with pytest.raises(LimitExceeded, match=r"session_tokens.*has run 10 tokens; 1 more would pass the limit of 10"):
+        budget.spend(1)
+
+
+def test_stream_bytes_count_each_message_and_its_overhead() -> None:
+    budget = StreamBudget(3 * MESSAGE_OVERHEAD_BYTES + 100, "ForwardStream")
+    budget.take(50)
+    budget.take(50)
+    budget.give_back(50)
+    budget.take(50)
+    with pytest.raises(LimitExceeded, match=r"stream_bytes.*ForwardStream holds"):
+        budget.take(1)
+
+
+def test_derived_stream_bytes_hold_the_largest_legitimate_tensor() -> None:
+    payload = 8192 * 576 * 4
+    limit = stream_bytes_for(8192, 576, 4 << 20)
+    assert payload < limit < payload + 16 * MESSAGE_OVERHEAD_BYTES
+
+
+@pytest.mark.parametrize(
+    ("context", "key"),
+    [
+        (Context("ipv4:127.0.0.1:51234"), "ipv4:127.0.0.1"),
+        (Context("ipv6:[::1]:51234"), "ipv6:[::1]"),
+        (Context("unix:/tmp/socket"), "unix:/tmp/socket"),
+        (Context("ipv4:10.0.0.2:1", (("x-swarm-client", "alice"),)), "name:alice"),
+        (Context("ipv4:10.0.0.2:1", (("x-swarm-client", "x" * 500),)), "name:" + "x" * 64),
+        (Context("ipv4:10.0.0.2:1", (("other", "alice"),)), "ipv4:10.0.0.2"),
+    ],
+)
+def test_client_key(context: Context, key: str) -> None:
+    assert client_key(context) == key
+
+
+@pytest.mark.parametrize(
+    "bad", [{"sessions_per_client": 0}, {"requests_per_s": 0}, {"request_burst": -1}, {"stream_bytes": -1}]
+)
+def test_limits_must_be_positive(bad: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        LimitsConfig(**bad)
+
+
+def parse(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_peer_flags(parser)
+    return parser.parse_args(["--model", "m", *flags])
+
+
+def test_flag_defaults_are_the_configs() -> None:
+    config = PeerConfig.from_args(parse())
+    assert config.server.limits == LimitsConfig()
+    assert config.server.max_message_bytes == ServerConfig().max_message_bytes
+
+
+def test_flags_set_the_limits() -> None:
+    ns = parse(
+        "--sessions-per-client=3",
+        "--requests-per-s=7.5",
+        "--request-burst=9",
+        "--session-tokens=100",
+        "--stream-bytes=5000",
+        "--max-message-bytes=65536",
+    )
+    server = PeerConfig.from_args(ns).server
+    assert server.limits == LimitsConfig(3, 7.5, 9, 100, 5000)
+    assert server.max_message_bytes == 65536
