@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
+from peers.limits import Admission, LimitsConfig
 from peers.metrics import PeerMetrics
 from peers.service import answers_errors
 from peers.training.replica import StageReplica
@@ -30,8 +31,11 @@ class StageIdentity:
 
 
 class TrainingStageService(pb_grpc.TrainingStageServicer):
-    def __init__(self, replica: StageReplica, identity: StageIdentity, metrics: PeerMetrics) -> None:
+    def __init__(
+        self, replica: StageReplica, identity: StageIdentity, metrics: PeerMetrics, limits: LimitsConfig | None = None
+    ) -> None:
         self.replica, self.config, self.metrics = replica, identity, metrics
+        self.admission = Admission(limits or LimitsConfig())  # answers_errors admits every request through it
 
     @answers_errors
     def Forward(self, request: pb.TrainRequest, context: grpc.ServicerContext) -> pb.TrainResponse:
