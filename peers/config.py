@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from peers.server import ServerConfig
+from swarm.security import SwarmCredentials
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -73,7 +73,9 @@ class PeerConfig:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> PeerConfig:
-        server = dataclasses.replace(ServerConfig(), host=ns.host, port=ns.port, cache_tokens=ns.cache_tokens)
+        """Raises CredentialsError unless --credentials DIR or --open was given."""
+        credentials = SwarmCredentials.choose(ns.credentials, ns.open)
+        server = ServerConfig(host=ns.host, port=ns.port, cache_tokens=ns.cache_tokens, credentials=credentials)
         placement = PlacementConfig(
             memory_gib=ns.memory_gib,
             rebalance=ns.rebalance,

@@ -25,6 +25,7 @@ from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
 from swarm.codec.base import TORCH_TO_WIRE_DTYPE
 from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, status_for
+from swarm.security import SwarmCredentials
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class ServiceConfig:
     max_message_bytes: int  # largest message accepted or sent; bigger tensors travel on the *Stream RPCs
     max_session_length: int  # tokens per sequence an inference session may reserve
     max_sessions: int  # open inference streams; each holds an RPC thread, so some threads stay free for the rest
+    credentials: SwarmCredentials  # how this peer calls the next one (Push)
 
 
 def answers_errors(method: Callable) -> Callable:
@@ -98,7 +100,7 @@ class PeerService(pb_grpc.PeerServicer):
         self.metrics = metrics
         self.state: int = pb.PEER_STATE_JOINING
         self.inboxes = Inboxes()
-        self.pusher = Pusher(config.max_message_bytes)
+        self.pusher = Pusher(config.max_message_bytes, config.credentials)
 
     # ---- stateless compute ----
 

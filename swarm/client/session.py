@@ -33,6 +33,7 @@ from swarm.errors import (
     error_for,
 )
 from swarm.router import Router
+from swarm.security import SwarmCredentials
 from swarm.types import Hop, PeerInfo, Route, Span
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,19 @@ class SpanSession:
     """One peer, one span, one KV cache. `send` a step, then `receive` the span's output for it; the output may
     also come from a step the previous peer pushed here."""
 
-    def __init__(self, hop: Hop, batch_size: int, max_length: int, codec: CodecId, step_timeout_s: float) -> None:
+    def __init__(
+        self,
+        hop: Hop,
+        batch_size: int,
+        max_length: int,
+        codec: CodecId,
+        step_timeout_s: float,
+        credentials: SwarmCredentials,
+    ) -> None:
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
         self.session_id = uuid.uuid4().hex
         options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
-        self._channel = grpc.insecure_channel(hop.address, options=options)
+        self._channel = credentials.channel(hop.address, options)
         self._requests: queue.Queue[pb.InferenceRequest | None] = queue.Queue()
         self._responses: queue.Queue[object] = queue.Queue()
         opening = pb.InferenceOpen(
@@ -155,8 +164,10 @@ class InferenceSession:
         max_failovers: int = 8,
         push: bool = True,
         metrics: ClientMetrics | None = None,
+        *,
+        credentials: SwarmCredentials,
     ) -> None:
-        self.router, self.peers, self.codec = router, peers, codec
+        self.router, self.peers, self.codec, self.credentials = router, peers, codec, credentials
         self.metrics = metrics or ClientMetrics("")
         self.batch_size, self.max_length = batch_size, max_length
         self.step_timeout_s, self.max_failovers, self.push = step_timeout_s, max_failovers, push
@@ -243,10 +254,11 @@ class InferenceSession:
         """
         route = self._choose(need, fresh)
         self.router.acquire(route, self._tokens)
-        states = [
-            _HopState(hop, SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s))
+        sessions = [
+            SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s, self.credentials)
             for hop in route
         ]
+        states = [_HopState(hop, session) for hop, session in zip(route, sessions, strict=True)]
         state = states[0]
         try:
             history = torch.cat(inputs, dim=1) if inputs else None
