@@ -21,6 +21,9 @@ from swarm.types import PeerInfo
 logger = logging.getLogger(__name__)
 
 MODELS_KEY = "rayswarm.models"
+# hivemind never completes a read whose winning value it cannot decode (a signed but garbled value, or one with a
+# proof it does not know how to strip): its callback raises and the future is left pending. Reads give up instead.
+READ_TIMEOUT_S = 30.0
 
 
 def peers_key(model: str) -> str:
@@ -44,10 +47,11 @@ class Registry:
         *,
         credentials: SwarmCredentials,
         signing_key: Any = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         import hivemind
 
-        self.signing = RecordSigning(credentials, signing_key)
+        self.signing, self.read_timeout_s = RecordSigning(credentials, signing_key), read_timeout_s
         try:
             self.dht = hivemind.DHT(
                 initial_peers=list(initial_peers),
@@ -94,7 +98,10 @@ class Registry:
     def _signed_entries(self, key: str) -> dict[str, Any]:
         """name -> value of the signed subkeys of `key`. Where writers with different keys claim one name (a
         training replica restarted with a new key, before its old record expires), the freshest record wins."""
-        found = self.dht.get(key, latest=True)
+        try:
+            found = self.dht.get(key, latest=True, return_future=True).result(timeout=self.read_timeout_s)
+        except TimeoutError:
+            raise PeerUnavailable(f"reading {key!r} from the DHT took over {self.read_timeout_s} s") from None
         if found is None or not isinstance(found.value, dict):
             return {}
         chosen: dict[str, tuple[float, str, Any]] = {}
