@@ -2,6 +2,7 @@
 
 `swarm train` starts the job's actors on Ray (through Ray Client, inside `ray job submit`, or on a local Ray),
 shows a progress bar (step, loss, samples/s, live replicas per stage), and prints one JSON summary at the end.
+The job's `credentials` (a member's directory, or `open`) may be overridden with --credentials DIR or --open.
 """
 
 from __future__ import annotations
