@@ -29,6 +29,7 @@ test: $(MODEL_READY) test-tools grafana-schema
 bench: $(MODEL_READY)
 	$(PY) -m benchmarks.codec --model $(MODEL)
 	$(PY) -m benchmarks.generate --model $(MODEL)
+	$(PY) -m benchmarks.auth
 	$(PY) -m benchmarks.rebalance_sim
 	$(PY) -m benchmarks.train
 	$(PY) -m benchmarks.load --model $(MODEL)

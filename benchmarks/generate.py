@@ -3,7 +3,8 @@
 Run: `python -m benchmarks.generate --model .cache/models/smollm2-135m` (part of `make bench`). Prints one JSON
 object. The swarm is `swarm up`'s embedded default with 2 peers of 15 blocks (fp32 weights, Ray actors, DHT,
 gRPC) plus a third peer replicating blocks [15, 30) for the failover measurement; hidden states travel
-uncompressed (codec NONE) unless --codec says otherwise.
+uncompressed (codec NONE) unless --codec says otherwise. The swarm is open unless --private: then it runs with
+throwaway credentials (TLS, every call authenticated), as a private swarm would.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,14 +97,23 @@ def measure_swarm(ns: argparse.Namespace, input_ids: torch.Tensor) -> tuple[dict
     from peers.local_swarm import LocalSwarm
     from swarm.client import DistributedModelForCausalLM
     from swarm.codec import CodecId
+    from swarm.security import SwarmCredentials, init_swarm, issue_member
 
-    swarm = LocalSwarm(ns.model, 2)
+    credentials = SwarmCredentials.open()
+    if ns.private:
+        with tempfile.TemporaryDirectory(prefix="bench-keys-") as keys:
+            init_swarm(Path(keys) / "ca")
+            issue_member(Path(keys) / "ca", Path(keys) / "member")
+            credentials = SwarmCredentials.load(Path(keys) / "member")
+    swarm = LocalSwarm(ns.model, 2, credentials)
     spare = PeerDaemon(dataclasses.replace(swarm.config, blocks=(15, 30)), swarm.bootstrap)
     swarm.daemons.append(spare)
     try:
         swarm.start()
         time.sleep(1.0)
-        model = DistributedModelForCausalLM.from_pretrained(ns.model, swarm.initial_peers, codec=CodecId[ns.codec])
+        model = DistributedModelForCausalLM.from_pretrained(
+            ns.model, swarm.initial_peers, codec=CodecId[ns.codec], credentials=credentials
+        )
         swarm_run(model, input_ids, 4)  # warm-up: channels, peers' first steps
         run = swarm_run(model, input_ids, ns.new_tokens)
         recovery = failover_recovery_ms(model, swarm, input_ids, ns.new_tokens)
@@ -117,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--codec", default="NONE")
+    parser.add_argument("--private", action="store_true", help="a private swarm (TLS, authenticated calls)")
     ns = parser.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     from transformers import AutoTokenizer
@@ -131,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "generate",
         "new_tokens": ns.new_tokens,
         "codec": ns.codec,
+        "private": ns.private,
         "local_tokens_per_s": round(local["tokens_per_s"], 2),
         "swarm_tokens_per_s": round(run["tokens_per_s"], 2),
         "ratio": round(run["tokens_per_s"] / local["tokens_per_s"], 3),

@@ -25,6 +25,7 @@ from benchmarks import peer_process
 from swarm.client import SpanSession
 from swarm.codec import CodecId
 from swarm.errors import Overloaded, SwarmError
+from swarm.security import SwarmCredentials
 from swarm.types import Hop, Span
 
 HIDDEN = 576  # SmolLM2-135M
@@ -55,7 +56,7 @@ def _worker(address: str, span: Span, config: LoadConfig, deadline: float, tally
     generator = torch.Generator().manual_seed(threading.get_ident() % (1 << 31))
     while time.monotonic() < deadline:
         length = config.prompt_tokens + config.new_tokens
-        session = SpanSession(hop, 1, length, CodecId.INT8_HADAMARD, config.step_timeout_s)
+        session = SpanSession(hop, 1, length, CodecId.INT8_HADAMARD, config.step_timeout_s, SwarmCredentials.open())
         latencies: list[float] = []
         try:
             session.step(torch.randn(1, config.prompt_tokens, HIDDEN, generator=generator), 0, 1)

@@ -18,6 +18,7 @@ import torch
 from peers.limits import LimitsConfig
 from peers.server import PeerServer, ServerConfig
 from swarm.partition import load_span
+from swarm.security import SwarmCredentials
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What a fuzzer works under: small requests (compute stays cheap) and a generous request rate (the fuzzer's own
@@ -28,6 +29,7 @@ FUZZ = ServerConfig(
     cache_tokens=8192,
     max_session_length=256,
     limits=LimitsConfig(requests_per_s=1e6, request_burst=1_000_000, sessions_per_client=64),
+    credentials=SwarmCredentials.open(),
 )
 
 
@@ -63,7 +65,7 @@ def main() -> None:
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
     start_block, end_block = (int(part) for part in ns.blocks.split(":"))
-    config = FUZZ if ns.fuzz_limits else ServerConfig()
+    config = FUZZ if ns.fuzz_limits else ServerConfig(credentials=SwarmCredentials.open())
     if not ns.fuzz_limits:
         limits = dataclasses.replace(config.limits, sessions_per_client=ns.sessions_per_client)
         config = dataclasses.replace(config, limits=limits)

@@ -28,7 +28,7 @@ def make_config(model: Path, args: argparse.Namespace, run_id: str, replicas: in
         "run_id": run_id, "model": str(model), "num_stages": 2, "replicas_per_stage": replicas, "trainers": 2,
         "inflight": 1, "data": {"path": str(DATA), "tokenizer": "bytes", "seq_len": args.seq_len},
         "micro_batch": 8, "target_batch": args.target_batch, "steps": args.steps, "optimizer": {"lr": 0.003},
-        "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0},
+        "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0}, "credentials": "open",
     })  # fmt: skip
 
 

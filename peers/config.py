@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from peers.limits import LimitsConfig
 from peers.server import ServerConfig
+from swarm.security import SwarmCredentials
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -74,6 +74,7 @@ class PeerConfig:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> PeerConfig:
+        """Raises CredentialsError unless --credentials DIR or --open was given."""
         limits = LimitsConfig(
             sessions_per_client=ns.sessions_per_client,
             requests_per_s=ns.requests_per_s,
@@ -81,13 +82,13 @@ class PeerConfig:
             session_tokens=ns.session_tokens,
             stream_bytes=ns.stream_bytes,
         )
-        server = dataclasses.replace(
-            ServerConfig(),
+        server = ServerConfig(
             host=ns.host,
             port=ns.port,
             cache_tokens=ns.cache_tokens,
             max_message_bytes=ns.max_message_bytes,
             limits=limits,
+            credentials=SwarmCredentials.choose(ns.credentials, ns.open),
         )
         placement = PlacementConfig(
             memory_gib=ns.memory_gib,

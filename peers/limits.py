@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from swarm.errors import LimitExceeded
+from swarm.security import authenticated_member
 
 CLIENT_METADATA = "x-swarm-client"  # optional name a caller gives itself (several clients behind one address)
 MAX_CLIENT_NAME = 64  # characters of that name kept: a key, not a place to store data
@@ -59,9 +60,13 @@ class Caller(Protocol):
 
 
 def client_key(context: Caller) -> str:
-    """Who is asking, for per-client limits: `name:<x-swarm-client>` if the caller named itself, else the host
-    part of its address (`ipv4:127.0.0.1`). The name is self-declared, so until calls are authenticated one
-    address can spread its load over names; authenticated member ids replace both here."""
+    """Who is asking, for per-client limits: in a private swarm the authenticated member (`member:<certificate
+    fingerprint>`); in an open one `name:<x-swarm-client>` if the caller named itself, else the host part of its
+    address (`ipv4:127.0.0.1`). An open swarm's names are self-declared: one address can spread its load over
+    names there."""
+    member = authenticated_member(context)  # type: ignore[arg-type]
+    if member is not None:
+        return f"member:{member.fingerprint[:16]}"
     for key, value in context.invocation_metadata() or ():
         if key == CLIENT_METADATA and value:
             text = value.decode(errors="replace") if isinstance(value, bytes) else value

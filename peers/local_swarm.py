@@ -1,5 +1,6 @@
 """The embedded default: a local Ray bound to 127.0.0.1, a DHT bootstrap node and N peers covering the model
-(N = 0: just Ray and the DHT, for peers that join later). Used by `swarm up` and `swarm demo`; on the head node of
+(N = 0: just Ray and the DHT, for peers that join later), all with the same swarm credentials (a member's, or
+explicitly open). Used by `swarm up` and `swarm demo`; on the head node of
 a Ray cluster (cluster/), `swarm up --ray-address` attaches to that cluster instead of starting one, and the DHT
 address is published in Ray for the workers' `swarm peer join`."""
 
@@ -15,6 +16,7 @@ from peers.launch import connect_ray, publish_initial_peers
 from peers.server import ServerConfig
 from swarm.partition import open_checkpoint
 from swarm.registry import Registry
+from swarm.security import SwarmCredentials
 
 
 class LocalSwarm:
@@ -22,6 +24,7 @@ class LocalSwarm:
         self,
         model_path: str | Path,
         num_peers: int,
+        credentials: SwarmCredentials,
         ttl_s: float = 30.0,
         cache_tokens: int = 65536,
         dht_port: int = 0,
@@ -32,7 +35,7 @@ class LocalSwarm:
         if not 0 <= num_peers <= num_blocks:
             raise ValueError(f"the number of peers must be between 0 and {num_blocks}, got {num_peers}")
         connect_ray(ray_address)
-        self.bootstrap = Registry(host=host, port=dht_port)
+        self.bootstrap = Registry(host=host, port=dht_port, credentials=credentials)
         self.initial_peers = tuple(self.bootstrap.addresses)
         publish_initial_peers(self.initial_peers)
         self.config = PeerConfig(
@@ -41,7 +44,7 @@ class LocalSwarm:
             host=host,
             ttl_s=ttl_s,
             announce_period_s=ttl_s / 3,
-            server=ServerConfig(host=host, cache_tokens=cache_tokens),
+            server=ServerConfig(host=host, cache_tokens=cache_tokens, credentials=credentials),
         )
         bounds = [round(i * num_blocks / num_peers) for i in range(num_peers + 1)] if num_peers else []
         self.daemons = [

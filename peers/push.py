@@ -13,6 +13,7 @@ import grpc
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
 from swarm.errors import InvalidRequest, Overloaded, SessionNotFound
+from swarm.security import SwarmCredentials
 
 logger = logging.getLogger(__name__)
 
@@ -110,9 +111,9 @@ class Pusher:
     """Sends Push calls to next peers over cached channels. A failed push is reported, never raised: the client
     then sends the step itself."""
 
-    def __init__(self, max_message_bytes: int) -> None:
+    def __init__(self, max_message_bytes: int, credentials: SwarmCredentials) -> None:
         self.max_message_bytes = max_message_bytes
-        self._stubs = PeerStubs(max_message_bytes)
+        self._stubs = PeerStubs(credentials, max_message_bytes)
 
     def push(self, targets: list[pb.PushTarget], step_id: int, position: int, output: pb.Tensor) -> bool:
         if not targets or output.ByteSize() > self.max_message_bytes - 4096:

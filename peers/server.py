@@ -1,4 +1,5 @@
-"""Build the gRPC server a peer runs: the Peer service, the standard health service, message limits.
+"""Build the gRPC server a peer runs: the Peer service, the standard health service, message limits, and the
+swarm's credentials (TLS and a member check on every call, or an explicitly open swarm).
 
 Called by the stage actor (peers/actor.py) and by tests that serve a span in-process.
 """
@@ -6,10 +7,8 @@ Called by the stage actor (peers/actor.py) and by tests that serve a span in-pro
 from __future__ import annotations
 
 import time
-from concurrent import futures
 from dataclasses import dataclass, field
 
-import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -21,7 +20,9 @@ from peers.metrics import PeerMetrics
 from peers.scheduler import Scheduler, TaskKind
 from peers.service import PeerService, ServiceConfig
 from swarm._proto import swarm_pb2 as pb
+from swarm.errors import CredentialsError
 from swarm.partition import BlockSpan
+from swarm.security import SwarmCredentials
 
 RESERVED_RPC_THREADS = 8  # kept free of inference streams for Push, Forward, Info and Health
 
@@ -38,12 +39,17 @@ class ServerConfig:
     rpc_threads: int = 32  # concurrent RPCs (each open inference stream holds one)
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
     output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
+    # SwarmCredentials.load(DIR) for a private swarm, SwarmCredentials.open() for an open one; None refuses to serve
+    credentials: SwarmCredentials | None = None
 
 
 class PeerServer:
     """A running gRPC server for one span; `state` moves it through JOINING -> ONLINE -> DRAINING."""
 
     def __init__(self, span: BlockSpan, config: ServerConfig, peer_id: str = "local", model: str = "") -> None:
+        """Raises CredentialsError when `config.credentials` is None: an open swarm must be asked for."""
+        if config.credentials is None:
+            raise CredentialsError("no swarm credentials: pass SwarmCredentials.load(DIR) or SwarmCredentials.open()")
         self.config = config
         self.backend = SpanBackend(span, config.max_request_tokens)
         self.pool = CachePool(config.cache_tokens)
@@ -66,6 +72,7 @@ class PeerServer:
             stream_bytes=config.limits.stream_bytes
             or stream_bytes_for(config.max_request_tokens, span.cfg.hidden_size, config.max_message_bytes),
             output_noise_std=config.output_noise_std,
+            credentials=config.credentials,
         )
         self.metrics = PeerMetrics(peer_id)
         self.service = PeerService(self.backend, self.scheduler, self.pool, service, self.metrics)
@@ -76,10 +83,10 @@ class PeerServer:
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        self._server = grpc.server(futures.ThreadPoolExecutor(config.rpc_threads), options=options)
+        self._server = config.credentials.server(config.rpc_threads, options)
         add_peer_service(self.service, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+        self.port = config.credentials.add_port(self._server, f"{config.host}:{config.port}")
         self.address = f"{config.host}:{self.port}"
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 

@@ -35,6 +35,7 @@ from swarm.errors import (
     UnknownCodecError,
     status_for,
 )
+from swarm.security import SwarmCredentials
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class ServiceConfig:
     max_message_bytes: int  # largest message accepted or sent; bigger tensors travel on the *Stream RPCs
     max_session_length: int  # tokens per sequence an inference session may reserve
     max_sessions: int  # open inference streams; each holds an RPC thread, so some threads stay free for the rest
+    credentials: SwarmCredentials  # how this peer calls the next one (Push)
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
     stream_bytes: int = 64 << 20  # bytes one chunked tensor may hold on the peer: LimitsConfig.stream_bytes, resolved
     # FAULT INJECTION, for tests only: Gaussian noise of this std x the output's RMS is added to every output, as a
@@ -120,7 +122,7 @@ class PeerService(pb_grpc.PeerServicer):
         self.admission = Admission(config.limits)
         self.state: int = pb.PEER_STATE_JOINING
         self.inboxes = Inboxes()
-        self.pusher = Pusher(config.max_message_bytes)
+        self.pusher = Pusher(config.max_message_bytes, config.credentials)
 
     # ---- stateless compute ----
 

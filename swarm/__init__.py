@@ -1,7 +1,7 @@
 """RaySwarm: train and serve transformer language models on a swarm of heterogeneous, preemptible GPUs.
 
 Public API only. Subpackages: client (DistributedModelForCausalLM, sessions), codec (wire codecs), partition (block
-spans from checkpoints), registry (the DHT), router (route policies), cli.
+spans from checkpoints), registry (the DHT), router (route policies), security (private swarms' credentials), cli.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from swarm.codec import CodecId, decode, encode
 from swarm.config import ClientConfig
 from swarm.errors import (
     CheckpointError,
+    CredentialsError,
     DeadlineExceeded,
     InvalidRequest,
     MalformedTensorError,
@@ -19,10 +20,12 @@ from swarm.errors import (
     PeerUnavailable,
     SessionLost,
     SwarmError,
+    Unauthenticated,
     UnknownCodecError,
     UnsupportedArchitectureError,
     WrongSpan,
 )
+from swarm.security import SwarmCredentials
 from swarm.types import Hop, PeerInfo, PeerState, Route, Span
 
 __version__ = "0.1.0"
@@ -31,6 +34,7 @@ __all__ = [
     "CheckpointError",
     "ClientConfig",
     "CodecId",
+    "CredentialsError",
     "DeadlineExceeded",
     "DistributedModelForCausalLM",
     "Hop",
@@ -44,7 +48,9 @@ __all__ = [
     "Route",
     "SessionLost",
     "Span",
+    "SwarmCredentials",
     "SwarmError",
+    "Unauthenticated",
     "UnknownCodecError",
     "UnsupportedArchitectureError",
     "WrongSpan",

@@ -1,5 +1,6 @@
 """One gRPC channel per peer address, shared by every call a component makes: the client's forward/backward
-calls, its RTT pings, and a peer's pushes to the next peer."""
+calls, its RTT pings, and a peer's pushes to the next peer. Channels come from the swarm's credentials: TLS and
+signed calls in a private swarm, plaintext in an open one (swarm/security/credentials.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import grpc
 
 from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.security import SwarmCredentials
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
@@ -16,8 +18,13 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 class PeerStubs:
     """Stubs of one service (`stub_type`: the Peer service by default, TrainingStageStub for training)."""
 
-    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, stub_type: type = pb_grpc.PeerStub) -> None:
-        self.stub_type = stub_type
+    def __init__(
+        self,
+        credentials: SwarmCredentials,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        stub_type: type = pb_grpc.PeerStub,
+    ) -> None:
+        self.credentials, self.stub_type = credentials, stub_type
         self.options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -29,7 +36,7 @@ class PeerStubs:
     def __call__(self, address: str) -> Any:
         with self._lock:
             if address not in self._stubs:
-                channel = grpc.insecure_channel(address, options=self.options)
+                channel = self.credentials.channel(address, self.options)
                 self._channels.append(channel)
                 self._stubs[address] = self.stub_type(channel)
             return self._stubs[address]

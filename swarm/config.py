@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.codec import DEFAULT_CODEC, CodecId
+from swarm.security import SwarmCredentials
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,8 @@ class ClientConfig:
     dht_host: str = "127.0.0.1"  # address of the client's own (client-mode) DHT node
     push: bool = True  # peers forward each step's output to the next peer themselves (server-to-server push)
     metrics_port: int | None = None  # serve the client's Prometheus /metrics on dht_host:port (0: any); None: not
+    # SwarmCredentials.load(DIR) for a private swarm, SwarmCredentials.open() for an open one; None: refused
+    credentials: SwarmCredentials | None = None
     # Fraction of inference steps also run on a second replica of each hop's span; a peer whose answer disagrees
     # beyond the codec's tolerance is banned (swarm/client/verify.py). 0: off; 1: every step, about twice the work.
     verify_fraction: float = 0.0

@@ -79,6 +79,16 @@ class InvalidSpan(SwarmError, ValueError):
     """A block range is empty, reversed or outside the model."""
 
 
+class CredentialsError(SwarmError):
+    """Swarm credentials are missing, unreadable or inconsistent, or none were chosen (neither a credential
+    directory nor an explicit open swarm)."""
+
+
+class Unauthenticated(InvalidRequest):
+    """A peer refused the caller's credentials (UNAUTHENTICATED). Every member of that swarm would refuse them
+    too, so it is never retried on another peer."""
+
+
 class WrongSpan(SwarmError):
     """The peer does not serve the blocks asked for: it has moved to other blocks, or the caller's registry view
     is stale. Not the peer's fault and not a bug: re-read the registry and route those blocks elsewhere."""
@@ -90,6 +100,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (SessionNotFound, grpc.StatusCode.NOT_FOUND),
     (SessionLost, grpc.StatusCode.ABORTED),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidSpan, grpc.StatusCode.INVALID_ARGUMENT),
     (WrongSpan, grpc.StatusCode.FAILED_PRECONDITION),
@@ -103,6 +114,7 @@ _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
     grpc.StatusCode.NOT_FOUND: SessionNotFound,
     grpc.StatusCode.FAILED_PRECONDITION: WrongSpan,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 
 

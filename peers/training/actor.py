@@ -15,7 +15,6 @@ import os
 import threading
 import time
 import uuid
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -53,7 +52,7 @@ class TrainingStagePeer:
         torch.set_num_threads(config.threads)
         self.config, self.span = config, Span(start, end)
         self.peer_id = peer_id or uuid.uuid4().hex[:16]
-        self.registry = Registry(initial_peers)
+        self.registry = Registry(initial_peers, credentials=config.credentials)
         model = load_stage_model(
             config.model, start, end, device=config.device, activation_checkpointing=config.activation_checkpointing
         )
@@ -85,7 +84,7 @@ class TrainingStagePeer:
         self.state = PeerState.ONLINE
         self.announcer.announce_now()
         self._stop = threading.Event()
-        self.siblings = SiblingReplicas(self.registry, config.dht_key, self.span, self.peer_id, self._stop)
+        self.siblings = SiblingReplicas(self.registry, config, self.span, self.peer_id, self._stop)
         self.replica.on_step_start = self.siblings.start_step
         optimizer.live_replicas = self.siblings.count
         optimizer.sibling_joining = lambda: self.siblings.joining > 0
@@ -128,13 +127,13 @@ class TrainingStagePeer:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=options)
+        server = self.config.credentials.server(16, options)
         identity = StageIdentity(self.peer_id, self.config.run_id, self.span.start, self.span.end, self.total_blocks)
         pb_grpc.add_TrainingStageServicer_to_server(TrainingStageService(self.replica, identity, self.metrics), server)
         health_servicer = health.HealthServicer()
         health_servicer.set("rayswarm.v1.TrainingStage", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = self.config.credentials.add_port(server, "127.0.0.1:0")
         server.start()
         return server, f"127.0.0.1:{port}"
 
@@ -206,11 +205,13 @@ class TrainingStagePeer:
 class SiblingReplicas:
     """The other replicas of this stage (re-read from the DHT every second), and the StepNow broadcast."""
 
-    def __init__(self, registry: Registry, dht_key: str, span: Span, peer_id: str, stop: threading.Event) -> None:
-        self.registry, self.dht_key, self.span, self.peer_id = registry, dht_key, span, peer_id
+    def __init__(
+        self, registry: Registry, config: TrainConfig, span: Span, peer_id: str, stop: threading.Event
+    ) -> None:
+        self.registry, self.dht_key, self.span, self.peer_id = registry, config.dht_key, span, peer_id
         self.addresses: list[str] = []  # ONLINE siblings
         self.joining = 0  # siblings still taking the stage's state
-        self.stubs = PeerStubs(stub_type=pb_grpc.TrainingStageStub)
+        self.stubs = PeerStubs(config.credentials, stub_type=pb_grpc.TrainingStageStub)
         self._stop = stop
         self._refresh()
         threading.Thread(target=self._refresh_loop, daemon=True, name="stage-siblings").start()

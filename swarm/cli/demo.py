@@ -2,7 +2,8 @@
 
 Run: `make demo` (converts the test model first), or `python -m swarm demo --model .cache/models/smollm2-135m`.
 Part 1 chains three spans in this process; part 2 starts `swarm up`'s embedded swarm (local Ray, a DHT, two
-peers) and generates through it over gRPC. Hidden states cross every boundary through the default 8-bit codec,
+peers) as a private swarm, with throwaway credentials (`swarm keys`) in a temporary directory, and generates through
+it over TLS with every call authenticated. Hidden states cross every boundary through the default 8-bit codec,
 and both results are compared with Hugging Face `generate` on the whole model.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,7 @@ import torch
 from swarm.codec import DEFAULT_CODEC, decode, encode
 from swarm.partition import ClientHead, load_client_head, load_span, open_checkpoint
 from swarm.partition.gguf import ensure_test_model
+from swarm.security import SwarmCredentials, init_swarm, issue_member
 
 DEFAULT_MODEL = Path(".cache/models/smollm2-135m")
 Step = Callable[[torch.Tensor, int], torch.Tensor]  # (hidden of new tokens, position) -> last block's output
@@ -51,7 +54,7 @@ def run(ns: argparse.Namespace) -> int:
     print("\n-- part 1: the model cut into spans, in this process --")
     _report(tokenizer, expected.tolist(), *_generate(head, _local_spans(ns.model, ns.spans), input_ids, ns.new_tokens))
     if ns.swarm_peers:
-        print(f"\n-- part 2: a local swarm of {ns.swarm_peers} peers (Ray actors, DHT, gRPC) --")
+        print(f"\n-- part 2: a local private swarm of {ns.swarm_peers} peers (Ray actors, DHT, gRPC over TLS) --")
         _through_swarm(ns, head, input_ids, tokenizer, expected.tolist())
     return 0
 
@@ -84,7 +87,9 @@ def _through_swarm(ns: argparse.Namespace, head: ClientHead, input_ids: torch.Te
     from swarm.router import MinLatencyRouter
     from swarm.types import Span
 
-    swarm = LocalSwarm(ns.model, ns.swarm_peers)
+    with tempfile.TemporaryDirectory(prefix="swarm-demo-keys-") as keys:
+        credentials = _throwaway_credentials(Path(keys))
+    swarm = LocalSwarm(ns.model, ns.swarm_peers, credentials)
     try:
         swarm.start()
         time.sleep(0.5)  # let the ONLINE announcements land before reading the registry
@@ -92,10 +97,18 @@ def _through_swarm(ns: argparse.Namespace, head: ClientHead, input_ids: torch.Te
         print(render(name, swarm.bootstrap.peers(name)))
         need = Span(0, _num_blocks(ns.model))
         peers = lambda fresh=False: swarm.bootstrap.peers(name)  # noqa: E731
-        with InferenceSession(MinLatencyRouter(), peers, need, 1, 512, DEFAULT_CODEC) as session:
+        session = InferenceSession(MinLatencyRouter(), peers, need, 1, 512, DEFAULT_CODEC, credentials=credentials)
+        with session:
             _report(tokenizer, expected, *_generate(head, lambda h, _: session.step(h), input_ids, ns.new_tokens))
     finally:
         swarm.stop()
+
+
+def _throwaway_credentials(directory: Path) -> SwarmCredentials:
+    """A CA and one member for the demo's swarm; every peer and the client use the same member credentials."""
+    init_swarm(directory / "ca", "demo")
+    issue_member(directory / "ca", directory / "member", "demo-member")
+    return SwarmCredentials.load(directory / "member")
 
 
 def _num_blocks(model: Path) -> int:

@@ -1,6 +1,6 @@
 """`swarm generate --initial-peers ADDR "prompt"`: generate text through the swarm, streaming tokens as they come.
 
-Run: `swarm generate --initial-peers /ip4/127.0.0.1/tcp/PORT/p2p/ID --model .cache/models/smollm2-135m "Hello"`.
+Run: `swarm generate --initial-peers /ip4/127.0.0.1/tcp/PORT/p2p/ID --credentials DIR "Hello"` (or `--open`).
 The client loads only the embeddings, final norm and LM head from --model; the blocks run on the peers.
 """
 
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from swarm.cli._credentials import add_credential_flags
 
 DEFAULT_MODEL = Path(".cache/models/smollm2-135m")
 
@@ -23,6 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
     parser.add_argument("--codec", default="INT8_HADAMARD", help="codec of the hidden states (e.g. NONE)")
+    add_credential_flags(parser)
     parser.set_defaults(run=run)
 
 
@@ -31,9 +34,13 @@ def run(ns: argparse.Namespace) -> int:
 
     from swarm.client import DistributedModelForCausalLM
     from swarm.codec import CodecId
+    from swarm.security import SwarmCredentials
 
+    credentials = SwarmCredentials.choose(ns.credentials, ns.open)
     tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
-    model = DistributedModelForCausalLM.from_pretrained(ns.model, ns.initial_peers, codec=CodecId[ns.codec])
+    model = DistributedModelForCausalLM.from_pretrained(
+        ns.model, ns.initial_peers, codec=CodecId[ns.codec], credentials=credentials
+    )
     try:
         input_ids = tokenizer(ns.prompt, return_tensors="pt").input_ids
         print(ns.prompt, end="", flush=True)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 
+from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import wait_for_stop_signal
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("monitor", help="serve a live map of the swarm on a local web page")
     parser.add_argument("--initial-peers", nargs="+", required=True, help="DHT multiaddresses to join through")
+    add_credential_flags(parser)
     parser.add_argument("--model", action="append", default=[], help="only this model (repeatable; default: all)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve the page on")
     parser.add_argument("--port", type=int, default=8080, help="port of the page (0: any free port)")
@@ -25,8 +27,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(ns: argparse.Namespace) -> int:
     from swarm.monitoring import MonitorServer, SnapshotPoller
     from swarm.registry import Registry
+    from swarm.security import SwarmCredentials
 
-    registry = Registry(ns.initial_peers, host=ns.host, client_mode=True)
+    credentials = SwarmCredentials.choose(ns.credentials, ns.open)
+    registry = Registry(ns.initial_peers, host=ns.host, client_mode=True, credentials=credentials)
     try:
         poller = SnapshotPoller(registry, ns.model, ns.refresh)
         server = MonitorServer(poller, ns.host, ns.port, ns.refresh)

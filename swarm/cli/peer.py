@@ -1,8 +1,9 @@
 """`swarm peer join`: run a peer daemon that serves a span of blocks from a Ray actor until SIGTERM.
 
-Run: `swarm peer join --model .cache/models/smollm2-135m --initial-peers ADDRESS --num-blocks 15`, with ADDRESS
-the multiaddress `swarm up` printed (/ip4/127.0.0.1/tcp/PORT/p2p/ID). Without --blocks the peer takes the span
-the swarm needs most and moves when another span needs it more (peers/placement.py, peers/rebalance.py).
+Run: `swarm peer join --model .cache/models/smollm2-135m --initial-peers ADDRESS --num-blocks 15 --credentials DIR`
+(or `--open`), with ADDRESS the multiaddress `swarm up` printed (/ip4/127.0.0.1/tcp/PORT/p2p/ID). Without --blocks
+the peer takes the span the swarm needs most and moves when another span needs it more (peers/placement.py,
+peers/rebalance.py).
 SIGTERM (a preemption notice) drains: the peer announces OFFLINE, refuses new sessions, finishes in-flight work
 within --drain-grace seconds, and the command exits 0.
 """
@@ -14,6 +15,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import wait_for_stop_signal
 from swarm.progress import waiting
 
@@ -33,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
+    add_credential_flags(parser)
     parser.add_argument(
         "--initial-peers",
         nargs="*",
@@ -109,7 +112,7 @@ def run_join(ns: argparse.Namespace) -> int:
     connect_ray(ns.ray_address)
     if ns.ray_address and not config.initial_peers:
         config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
-    registry = Registry(config.initial_peers, host=config.host)
+    registry = Registry(config.initial_peers, host=config.host, credentials=config.server.credentials)
     try:
         daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
         daemon.launch()

@@ -13,12 +13,14 @@ import argparse
 import threading
 from pathlib import Path
 
+from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import wait_for_stop_signal
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("prometheus-targets", help="write a Prometheus file-SD file from the registry")
     parser.add_argument("--initial-peers", nargs="+", required=True, help="DHT multiaddresses to join through")
+    add_credential_flags(parser)
     parser.add_argument("--out", type=Path, required=True, help="the JSON file Prometheus' file_sd_configs reads")
     parser.add_argument("--model", action="append", default=[], help="only this model (repeatable; default: all)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between registry reads")
@@ -42,8 +44,10 @@ def run(ns: argparse.Namespace) -> int:
         write_atomically,
     )
     from swarm.registry import Registry
+    from swarm.security import SwarmCredentials
 
-    registry = Registry(ns.initial_peers, host=ns.host, client_mode=True)
+    credentials = SwarmCredentials.choose(ns.credentials, ns.open)
+    registry = Registry(ns.initial_peers, host=ns.host, client_mode=True, credentials=credentials)
     collector, exporter = RegistryCollector(), ""
     try:
         if ns.metrics_port is not None:

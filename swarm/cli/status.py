@@ -1,10 +1,11 @@
-"""`swarm status --initial-peers ADDR [--model NAME]`: the peers of a swarm, their spans, states, throughput, and
-which blocks are covered, read from the DHT."""
+"""`swarm status --initial-peers ADDR (--credentials DIR | --open) [--model NAME]`: the peers of a swarm, their
+spans, states, throughput, and which blocks are covered, read from the DHT (in a private swarm, members' only)."""
 
 from __future__ import annotations
 
 import argparse
 
+from swarm.cli._credentials import add_credential_flags
 from swarm.monitoring.snapshot import ModelView
 from swarm.types import PeerInfo, block_ranges
 
@@ -13,13 +14,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("status", help="show the peers and block coverage of a swarm")
     parser.add_argument("--initial-peers", nargs="+", required=True, help="DHT multiaddresses to join through")
     parser.add_argument("--model", default=None, help="model name (default: every model the swarm serves)")
+    add_credential_flags(parser)
     parser.set_defaults(run=run)
 
 
 def run(ns: argparse.Namespace) -> int:
     from swarm.registry import Registry
+    from swarm.security import SwarmCredentials
 
-    registry = Registry(ns.initial_peers, client_mode=True)
+    credentials = SwarmCredentials.choose(ns.credentials, ns.open)
+    registry = Registry(ns.initial_peers, client_mode=True, credentials=credentials)
     try:
         models = [ns.model] if ns.model else registry.models()
         if not models:

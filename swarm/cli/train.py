@@ -2,6 +2,7 @@
 
 `swarm train` starts the job's actors on Ray (through Ray Client, inside `ray job submit`, or on a local Ray),
 shows a progress bar (step, loss, samples/s, live replicas per stage), and prints one JSON summary at the end.
+The job's `credentials` (a member's directory, or `open`) may be overridden with --credentials DIR or --open.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from swarm.cli._credentials import add_credential_flags
 from swarm.training.config import load_config
 
 
@@ -22,6 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--ray-address", help="ray://HOST:10001 (Ray Client), a cluster address, or none: local")
     train.add_argument("--steps", type=int, help="override the config's steps")
     train.add_argument("--export", type=Path, help="after training, write a Hugging Face checkpoint here")
+    add_credential_flags(train)  # override the config's `credentials`
     train.set_defaults(run=run_train)
     export = subparsers.add_parser("export", help="reassemble a Hugging Face checkpoint from stage checkpoints")
     export.add_argument("--checkpoint-dir", type=Path, required=True, help="the run's checkpoint.dir")
@@ -42,7 +45,8 @@ def run_train(ns: argparse.Namespace) -> int:
     from peers.launch import connect_ray
     from swarm.training.job import TrainingJob
 
-    config = load_config(ns.config, steps=ns.steps)
+    credentials = "open" if ns.open else (str(ns.credentials) if ns.credentials else None)
+    config = load_config(ns.config, steps=ns.steps, credentials=credentials)
     connect_ray(ns.ray_address or os.environ.get("RAY_ADDRESS"))
     job = TrainingJob(config)
     started = time.monotonic()

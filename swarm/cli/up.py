@@ -2,8 +2,8 @@
 
 Starts a local Ray bound to 127.0.0.1, a DHT bootstrap node, and N stage actors whose spans cover the model,
 then prints the address clients and other peers pass as --initial-peers. Run:
-`swarm up --peers 2 --model .cache/models/smollm2-135m`, then in another shell
-`swarm status --initial-peers ADDRESS`.
+`swarm up --peers 2 --model .cache/models/smollm2-135m --credentials DIR` (or `--open`), then in another shell
+`swarm status --initial-peers ADDRESS --credentials DIR`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import wait_for_stop_signal
 from swarm.progress import waiting
 
@@ -18,6 +19,7 @@ from swarm.progress import waiting
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("up", help="start a whole swarm on this machine")
     parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
+    add_credential_flags(parser)
     parser.add_argument(
         "--peers", type=int, default=2, help="number of peers; their spans split the model (0: only Ray and the DHT)"
     )
@@ -35,10 +37,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     from peers.local_swarm import LocalSwarm
+    from swarm.security import SwarmCredentials
 
+    credentials = SwarmCredentials.choose(ns.credentials, ns.open)
     swarm = LocalSwarm(
         ns.model,
         ns.peers,
+        credentials,
         ttl_s=ns.ttl,
         cache_tokens=ns.cache_tokens,
         dht_port=ns.dht_port,
@@ -53,7 +58,8 @@ def run(ns: argparse.Namespace) -> int:
             print(f"peer {info['peer_id']} blocks [{start}, {end}) at {info['address']}", flush=True)
         print(f"ray address: {swarm.ray_address}", flush=True)
         print(f"initial peers: {swarm.initial_peers[0]}", flush=True)
-        print(f"try: swarm status --initial-peers {swarm.initial_peers[0]}", flush=True)
+        flag = "--open" if credentials.is_open else "--credentials DIR"
+        print(f"try: swarm status --initial-peers {swarm.initial_peers[0]} {flag}", flush=True)
         stopped = wait_for_stop_signal(swarm.alive)
     finally:
         finished = swarm.stop()

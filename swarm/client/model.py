@@ -19,7 +19,7 @@ from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
 from swarm.client.view import SwarmView
 from swarm.config import ClientConfig
-from swarm.errors import InvalidRequest
+from swarm.errors import CredentialsError, InvalidRequest
 from swarm.partition import load_client_head, open_checkpoint
 from swarm.registry import Registry
 from swarm.router import Bans, MinLatencyRouter, WiringRouter
@@ -42,6 +42,7 @@ class ModelSession:
             model.client_config.max_failovers,
             model.client_config.push,
             model.metrics,
+            credentials=model.credentials,
         )
         config = model.client_config
         if config.verify_fraction > 0:
@@ -80,17 +81,22 @@ class DistributedModelForCausalLM:
     def __init__(self, path: str | Path, initial_peers: Sequence[str], config: ClientConfig) -> None:
         from transformers import AutoConfig
 
-        self.client_config = config
+        if config.credentials is None:
+            raise CredentialsError(
+                "no swarm credentials: pass credentials=SwarmCredentials.load(DIR) (a private swarm's member) "
+                "or credentials=SwarmCredentials.open() (an open swarm)"
+            )
+        self.client_config, self.credentials = config, config.credentials
         self.config = AutoConfig.from_pretrained(str(path), local_files_only=True)
         self.num_blocks = open_checkpoint(path)[2].num_layers
         self.head = load_client_head(path)
-        self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True)
+        self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True, credentials=self.credentials)
         name = config.model_name or Path(path).name
         self.metrics = ClientMetrics(name)
         self.metrics_address = (
             "" if config.metrics_port is None else self.metrics.serve(config.dht_host, config.metrics_port)
         )
-        self.view = SwarmView(self.registry, name, config.refresh_s)
+        self.view = SwarmView(self.registry, name, self.credentials, config.refresh_s)
         self.router = MinLatencyRouter(rtt_s=self.view.rtt_s, bans=Bans(config.ban_base_s, config.ban_max_s))
         self.blocks = RemoteSequential(
             WiringRouter(bans=self.router.bans),
@@ -100,6 +106,7 @@ class DistributedModelForCausalLM:
             timeout_s=config.step_timeout_s * 4,
             max_retries=config.max_failovers,
             metrics=self.metrics,
+            credentials=self.credentials,
         )
         self.active_session: ModelSession | None = None
 
@@ -109,7 +116,11 @@ class DistributedModelForCausalLM:
     ) -> DistributedModelForCausalLM:
         """Load the client part of the checkpoint at `path` and join the swarm through `initial_peers`.
 
-        Keyword overrides set ClientConfig fields, e.g. `codec=CodecId.NONE`.
+        Keyword overrides set ClientConfig fields, e.g. `codec=CodecId.NONE`. `credentials` is required:
+        `SwarmCredentials.load(DIR)` to join a private swarm as a member, or `SwarmCredentials.open()`.
+
+        Raises:
+            CredentialsError: no credentials were given.
         """
         return cls(path, initial_peers, dataclasses.replace(config or ClientConfig(), **overrides))
 

@@ -29,6 +29,7 @@ from swarm.errors import (
     error_for,
 )
 from swarm.router import Router
+from swarm.security import SwarmCredentials
 from swarm.types import Hop, PeerInfo, Span
 
 logger = logging.getLogger(__name__)
@@ -46,12 +47,14 @@ class RemoteSequential(torch.nn.Module):
         timeout_s: float = 60.0,
         max_retries: int = 4,
         metrics: ClientMetrics | None = None,
+        *,
+        credentials: SwarmCredentials,
     ) -> None:
         super().__init__()
         self.metrics = metrics or ClientMetrics("")
         self.router, self.peers, self.need, self.codec = router, peers, need, codec
         self.timeout_s, self.max_retries = timeout_s, max_retries
-        self.stub = PeerStubs()
+        self.stub = PeerStubs(credentials)
 
     def close(self) -> None:
         self.stub.close()

@@ -37,6 +37,7 @@ from swarm.errors import (
     error_for,
 )
 from swarm.router import Router
+from swarm.security import SwarmCredentials
 from swarm.types import Hop, PeerInfo, Route, Span
 
 logger = logging.getLogger(__name__)
@@ -53,11 +54,19 @@ class SpanSession:
     """One peer, one span, one KV cache. `send` a step, then `receive` the span's output for it; the output may
     also come from a step the previous peer pushed here."""
 
-    def __init__(self, hop: Hop, batch_size: int, max_length: int, codec: CodecId, step_timeout_s: float) -> None:
+    def __init__(
+        self,
+        hop: Hop,
+        batch_size: int,
+        max_length: int,
+        codec: CodecId,
+        step_timeout_s: float,
+        credentials: SwarmCredentials,
+    ) -> None:
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
         self.session_id = uuid.uuid4().hex
         options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
-        self._channel = grpc.insecure_channel(hop.address, options=options)
+        self._channel = credentials.channel(hop.address, options)
         self._requests: queue.Queue[pb.InferenceRequest | None] = queue.Queue()
         self._responses: queue.Queue[object] = queue.Queue()
         opening = pb.InferenceOpen(
@@ -169,8 +178,10 @@ class InferenceSession:
         max_failovers: int = 8,
         push: bool = True,
         metrics: ClientMetrics | None = None,
+        *,
+        credentials: SwarmCredentials,
     ) -> None:
-        self.router, self.peers, self.codec = router, peers, codec
+        self.router, self.peers, self.codec, self.credentials = router, peers, codec, credentials
         self.metrics = metrics or ClientMetrics("")
         self.batch_size, self.max_length = batch_size, max_length
         self.step_timeout_s, self.max_failovers, self.push = step_timeout_s, max_failovers, push
@@ -192,7 +203,7 @@ class InferenceSession:
         self._verifier = Verifier(self.router, self.peers, self._stream, self._tokens, policy, self.metrics, rng)
 
     def _stream(self, hop: Hop) -> SpanSession:
-        return SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s)
+        return SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s, self.credentials)
 
     def step(self, hidden: torch.Tensor) -> torch.Tensor:
         """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last output.

@@ -13,6 +13,7 @@ import grpc
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
 from swarm.registry.dht import Registry
+from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo
 
 UNMEASURED_RTT_S = 0.002
@@ -22,11 +23,11 @@ logger = logging.getLogger(__name__)
 
 
 class SwarmView:
-    def __init__(self, registry: Registry, model: str, refresh_s: float = 5.0) -> None:
+    def __init__(self, registry: Registry, model: str, credentials: SwarmCredentials, refresh_s: float = 5.0) -> None:
         self.registry, self.model, self.refresh_s = registry, model, refresh_s
         self._peers: list[PeerInfo] = []
         self._rtt_s: dict[str, float] = {}
-        self._stubs = PeerStubs()
+        self._stubs = PeerStubs(credentials)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.refresh()

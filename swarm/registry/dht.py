@@ -2,21 +2,28 @@
 
 Records live under `rayswarm.<model>.peers`, one subkey per peer, and expire unless refreshed
 (swarm/registry/announce.py refreshes them). `rayswarm.models` lists the models served, so that
-`swarm status` can find them without being told.
+`swarm status` can find them without being told. Every subkey carries its writer's key and every value its
+signature (swarm/registry/signing.py); readers see the peer id without the key.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from swarm.errors import PeerUnavailable
 from swarm.registry.records import InvalidRecord, from_dht, to_dht
+from swarm.registry.signing import RecordSigning, split_subkey
+from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo
 
 logger = logging.getLogger(__name__)
 
 MODELS_KEY = "rayswarm.models"
+# hivemind never completes a read whose winning value it cannot decode (a signed but garbled value, or one with a
+# proof it does not know how to strip): its callback raises and the future is left pending. Reads give up instead.
+READ_TIMEOUT_S = 30.0
 
 
 def peers_key(model: str) -> str:
@@ -24,19 +31,34 @@ def peers_key(model: str) -> str:
 
 
 class Registry:
-    """One DHT node. `client_mode` nodes read and write but are not stored on by others (for status, clients)."""
+    """One DHT node. `client_mode` nodes read and write but are not stored on by others (for status, clients).
+
+    `credentials` of a private swarm make this node refuse, and its reads skip, records of non-members;
+    `signing_key` (a hivemind RSAPrivateKey) replaces hivemind's process-wide RSA key (for tests that play
+    several writers in one process).
+    """
 
     def __init__(
-        self, initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: int = 0, client_mode: bool = False
+        self,
+        initial_peers: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        port: int = 0,
+        client_mode: bool = False,
+        *,
+        credentials: SwarmCredentials,
+        signing_key: Any = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         import hivemind
 
+        self.signing, self.read_timeout_s = RecordSigning(credentials, signing_key), read_timeout_s
         try:
             self.dht = hivemind.DHT(
                 initial_peers=list(initial_peers),
                 start=True,
                 host_maddrs=[f"/ip4/{host}/tcp/{port}"],
                 client_mode=client_mode,
+                record_validators=self.signing.validators,
                 # Loopback-only test networks here: no NAT traversal, no relays (DESIGN.md).
                 nat_port_map=False,
                 auto_nat=False,
@@ -55,28 +77,46 @@ class Registry:
         from hivemind.utils import get_dht_time
 
         expiration = get_dht_time() + ttl_s
-        stored = self.dht.store(peers_key(info.model), to_dht(info), expiration, subkey=info.peer_id)
-        self.dht.store(MODELS_KEY, True, expiration, subkey=info.model)
+        subkey = self.signing.subkey
+        stored = self.dht.store(peers_key(info.model), to_dht(info), expiration, subkey=subkey(info.peer_id))
+        self.dht.store(MODELS_KEY, True, expiration, subkey=subkey(info.model))
         return bool(stored)
 
     def peers(self, model: str) -> list[PeerInfo]:
         """Every live record of `model`; malformed records are skipped and logged, never trusted."""
-        found = self.dht.get(peers_key(model), latest=True)
-        if found is None or not isinstance(found.value, dict):
-            return []
         peers = []
-        for peer_id, entry in found.value.items():
+        for peer_id, value in self._signed_entries(peers_key(model)).items():
             try:
-                peers.append(from_dht(peer_id, entry.value))
+                peers.append(from_dht(peer_id, value))
             except InvalidRecord as error:
                 logger.warning("model=%s skipping a bad record: %s", model, error)
         return sorted(peers, key=lambda p: (p.span.start, p.span.end, p.peer_id))
 
     def models(self) -> list[str]:
-        found = self.dht.get(MODELS_KEY, latest=True)
+        return sorted(self._signed_entries(MODELS_KEY))
+
+    def _signed_entries(self, key: str) -> dict[str, Any]:
+        """name -> value of the signed subkeys of `key`. Where writers with different keys claim one name (a
+        training replica restarted with a new key, before its old record expires), the freshest record wins."""
+        try:
+            found = self.dht.get(key, latest=True, return_future=True).result(timeout=self.read_timeout_s)
+        except TimeoutError:
+            raise PeerUnavailable(f"reading {key!r} from the DHT took over {self.read_timeout_s} s") from None
         if found is None or not isinstance(found.value, dict):
-            return []
-        return sorted(name for name in found.value if isinstance(name, str))
+            return {}
+        chosen: dict[str, tuple[float, str, Any]] = {}
+        for subkey, entry in found.value.items():
+            parts = split_subkey(subkey)
+            if parts is None:
+                logger.debug("key=%s skipping an unsigned entry %.40r", key, subkey)
+                continue
+            name, owner = parts
+            previous = chosen.get(name)
+            if previous is not None and previous[1] != owner:
+                logger.info("key=%s two writers claim %r; keeping the fresher record", key, name)
+            if previous is None or entry.expiration_time > previous[0]:
+                chosen[name] = (entry.expiration_time, owner, entry.value)
+        return {name: value for name, (_, _, value) in chosen.items()}
 
     def shutdown(self) -> None:
         self.dht.shutdown()

@@ -3,6 +3,7 @@ averaging, checkpoints. Unknown keys are refused by name, so a typo never silent
 
     run_id: tiny-bytes            # names the run in the DHT; stages and trainers of one run share it
     model: .cache/models/tiny     # a Hugging Face checkpoint directory (random weights to pre-train)
+    credentials: keys/trainer     # a member's credentials (`swarm keys issue`), or `open` for an open swarm
     stages: [[0, 4], [4, 8]]      # block spans; or `num_stages: 2` to split the blocks evenly
     replicas_per_stage: 2
     trainers: 2
@@ -27,6 +28,7 @@ import yaml
 
 from swarm.codec import CodecId
 from swarm.errors import InvalidRequest
+from swarm.security import SwarmCredentials
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,7 @@ class TrainConfig:
     run_id: str
     model: str
     data: DataConfig
+    credentials: SwarmCredentials  # of every stage replica and trainer; the YAML names a directory or `open`
     stages: tuple[tuple[int, int], ...] = ()
     num_stages: int = 0
     replicas_per_stage: int = 1
@@ -135,12 +138,27 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
         values["optimizer"] = dataclasses.replace(values["optimizer"], betas=tuple(values["optimizer"].betas))
     if "data" not in values:
         raise InvalidRequest("config: missing required key 'data'")
+    values["credentials"] = _credentials(values.get("credentials"))
     for key in ("stages", "initial_peers"):
         if key in values:
             values[key] = tuple(tuple(s) if isinstance(s, list) else s for s in values[key])
     config = TrainConfig(**values)
     _check(config)
     return config
+
+
+def _credentials(raw: Any) -> SwarmCredentials:
+    """`credentials: DIR` (a member's, loaded now so that the bytes travel to the actors) or `credentials: open`."""
+    if isinstance(raw, SwarmCredentials):
+        return raw
+    if raw == "open":
+        return SwarmCredentials.open()
+    if isinstance(raw, str) and raw:
+        return SwarmCredentials.load(raw)
+    raise InvalidRequest(
+        "config: missing required key 'credentials': a member's credential directory (`swarm keys issue`) "
+        "or `open` for an open swarm"
+    )
 
 
 def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
@@ -151,7 +169,7 @@ def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
     if unknown:
         raise InvalidRequest(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
     required = {f.name for f in dataclasses.fields(cls) if f.default is f.default_factory is dataclasses.MISSING}
-    missing = sorted(required - set(raw) - {"data"})
+    missing = sorted(required - set(raw) - {"data", "credentials"})
     if missing:
         raise InvalidRequest(f"{where}: missing required key(s) {missing}")
     return dict(raw)

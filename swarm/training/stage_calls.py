@@ -16,6 +16,7 @@ from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.channels import PeerStubs
 from swarm.codec import CodecId, decode, encode
 from swarm.errors import error_for
+from swarm.security import SwarmCredentials
 
 MAX_MESSAGE_BYTES = 256 << 20
 
@@ -30,9 +31,9 @@ class StageAnswer:
 
 
 class StageCalls:
-    def __init__(self, codec: CodecId, timeout_s: float) -> None:
+    def __init__(self, codec: CodecId, timeout_s: float, credentials: SwarmCredentials) -> None:
         self.codec, self.timeout_s = codec, timeout_s
-        self.stubs = PeerStubs(MAX_MESSAGE_BYTES, pb_grpc.TrainingStageStub)
+        self.stubs = PeerStubs(credentials, MAX_MESSAGE_BYTES, pb_grpc.TrainingStageStub)
 
     def forward(self, address: str, inputs: torch.Tensor, labels: torch.Tensor | None = None) -> StageAnswer:
         request = self._request(inputs, labels=labels)

@@ -74,10 +74,11 @@ class Trainer:
         self.stage_spans = [Span(*s) for s in config.stage_spans(self.total_blocks)]
         self.dataset = load_dataset(config.data, config.model)
         self.generator = torch.Generator().manual_seed(config.seed * 7919 + index)
-        self.registry = Registry(list(initial_peers or config.initial_peers), client_mode=True)
+        peers = list(initial_peers or config.initial_peers)
+        self.registry = Registry(peers, client_mode=True, credentials=config.credentials)
         self.view = StageView(self.registry, config.dht_key, self.stage_spans)
         self.router = WiringRouter(rng=random.Random(config.seed * 7919 + index))
-        self.calls = StageCalls(config.codec_id, config.call_timeout_s)
+        self.calls = StageCalls(config.codec_id, config.call_timeout_s, config.credentials)
         self.progress = TrainerProgress(stage_steps={f"{s.start}-{s.end}": 0 for s in self.stage_spans})
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -17,9 +17,12 @@ import torch
 
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.registry import Registry
+from swarm.security import SwarmCredentials
 from swarm.types import PeerState
 
 from ..integration.daemons import Daemon
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 TTL = 6.0
 NEW_TOKENS = 12
@@ -47,6 +50,7 @@ class Cluster:
         daemon = Daemon(
             "peer",
             "join",
+            "--open",
             "--model",
             str(self.model_path),
             "--initial-peers",
@@ -83,12 +87,14 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(smollm2_path: Path) -> Iterator[Cluster]:
-    up = Daemon("up", "--peers", "0", "--model", str(smollm2_path), "--ttl", str(TTL))
+    up = Daemon("up", "--open", "--peers", "0", "--model", str(smollm2_path), "--ttl", str(TTL))
     cluster = None
     try:
         ray_address = up.wait_for(r"ray address: (\S+)", 240).group(1)
         initial_peers = up.wait_for(r"initial peers: (\S+)", 60).group(1)
-        cluster = Cluster(smollm2_path, initial_peers, ray_address, Registry([initial_peers], client_mode=True))
+        cluster = Cluster(
+            smollm2_path, initial_peers, ray_address, Registry([initial_peers], client_mode=True, credentials=OPEN)
+        )
         for slot in SLOTS:
             cluster.start(slot)
         for slot in SLOTS:
@@ -113,6 +119,7 @@ def model(cluster: Cluster) -> Iterator[DistributedModelForCausalLM]:
         refresh_s=1.0,
         ban_base_s=2.0,
         max_failovers=4,
+        credentials=OPEN,
     )
     yield model
     model.close()

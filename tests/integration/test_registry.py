@@ -9,13 +9,16 @@ import pytest
 
 from swarm.registry import Announcer, Registry
 from swarm.registry.dht import peers_key
+from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, PeerState, Span
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 
 @pytest.fixture(scope="module")
 def nodes() -> Iterator[tuple[Registry, Registry]]:
-    bootstrap = Registry()
-    client = Registry(initial_peers=bootstrap.addresses, client_mode=True)
+    bootstrap = Registry(credentials=OPEN)
+    client = Registry(initial_peers=bootstrap.addresses, client_mode=True, credentials=OPEN)
     yield bootstrap, client
     client.shutdown()
     bootstrap.shutdown()
@@ -57,4 +60,7 @@ def test_joining_through_a_dead_address_is_a_clear_error() -> None:
     from swarm.errors import PeerUnavailable
 
     with pytest.raises(PeerUnavailable, match="cannot join the DHT"):
-        Registry(initial_peers=["/ip4/127.0.0.1/tcp/9/p2p/12D3KooWMHr5hjGuPWXKRTModAe6d5XJPPRZTh1etdPTcGrufppx"])
+        Registry(
+            initial_peers=["/ip4/127.0.0.1/tcp/9/p2p/12D3KooWMHr5hjGuPWXKRTModAe6d5XJPPRZTh1etdPTcGrufppx"],
+            credentials=OPEN,
+        )

@@ -18,9 +18,12 @@ import torch
 from cluster.local import NodeInfo, remove_node
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.registry import Registry
+from swarm.security import SwarmCredentials
 from swarm.types import PeerState
 
 from ..daemons import Daemon
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 TTL = 6.0
 SPANS = {"node0": "0:15", "node1": "15:30", "node2": "0:30"}  # every block survives the loss of node1 or node2
@@ -58,15 +61,17 @@ def multinode(smollm2_path: Path) -> Iterator[MultiNodeSwarm]:
             info = json.loads(launcher.wait_for(r"^\{.*\}$", 120).group(0))
             nodes[info["name"]] = NodeInfo(**{**info, "pids": tuple(info["pids"])})
         address = launcher.wait_for(r"ray address: (\S+)", 30).group(1)
-        up = Daemon("up", "--peers", "0", "--model", str(smollm2_path), "--ray-address", address, "--ttl", str(TTL))
+        up = Daemon(
+            "up", "--open", "--peers", "0", "--model", str(smollm2_path), "--ray-address", address, "--ttl", str(TTL)
+        )
         daemons.append(up)
         swarm = MultiNodeSwarm(smollm2_path, nodes, up.wait_for(r"initial peers: (\S+)", 120).group(1))
         for node, span in SPANS.items():  # no --initial-peers: the daemons read the DHT address from Ray
             flags = ["--blocks", span, "--ttl", str(TTL), "--drain-grace", "2"]
             resources = json.dumps({node: 1})
             daemon = Daemon(
-                "peer", "join", "--model", str(smollm2_path), "--ray-address", address, "--ray-resources", resources,
-                *flags,
+                "peer", "join", "--open", "--model", str(smollm2_path), "--ray-address", address,
+                "--ray-resources", resources, *flags,
             )  # fmt: skip
             daemons.append(daemon)
             swarm.peers.append(Peer(node, daemon))
@@ -84,7 +89,7 @@ def test_peers_run_on_the_nodes_they_are_pinned_to(multinode: MultiNodeSwarm) ->
     for peer in multinode.peers:
         raylet = psutil.Process(multinode.nodes[peer.node].raylet_pid)
         assert peer.actor_pid in {child.pid for child in raylet.children(recursive=True)}, peer.node
-    registry = Registry([multinode.initial_peers], client_mode=True)
+    registry = Registry([multinode.initial_peers], client_mode=True, credentials=OPEN)
     try:
         online = [p for p in registry.peers("smollm2-135m") if p.state is PeerState.ONLINE]
     finally:
@@ -125,6 +130,7 @@ def test_generation_completes_when_a_whole_node_is_removed(multinode: MultiNodeS
         step_timeout_s=5.0,
         refresh_s=1.0,
         max_failovers=4,
+        credentials=OPEN,
     )
     try:
         expected = model.generate(PROMPT_IDS, max_new_tokens=NEW_TOKENS, eos_token_id=[])

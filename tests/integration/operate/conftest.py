@@ -28,6 +28,7 @@ class RunningSwarm:
         return Daemon(
             "peer",
             "join",
+            "--open",
             "--model",
             str(self.model_path),
             "--initial-peers",
@@ -42,7 +43,7 @@ class RunningSwarm:
 
 @pytest.fixture(scope="session")
 def running_swarm(smollm2_path: Path) -> Iterator[RunningSwarm]:
-    daemon = Daemon("up", "--peers", "2", "--model", str(smollm2_path), "--ttl", str(TTL))
+    daemon = Daemon("up", "--open", "--peers", "2", "--model", str(smollm2_path), "--ttl", str(TTL))
     try:
         peer_ids = [daemon.wait_for(r"peer (\w+) blocks", 240).group(1) for _ in range(2)]
         ray_address = daemon.wait_for(r"ray address: (\S+)", 60).group(1)

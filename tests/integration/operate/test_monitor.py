@@ -26,7 +26,9 @@ pytestmark = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="chromi
 
 @pytest.fixture(scope="module")
 def monitor(running_swarm: RunningSwarm) -> Iterator[str]:
-    daemon = Daemon("monitor", "--initial-peers", running_swarm.initial_peers, "--port", "0", "--refresh", "1")
+    daemon = Daemon(
+        "monitor", "--open", "--initial-peers", running_swarm.initial_peers, "--port", "0", "--refresh", "1"
+    )
     try:
         yield "http://" + daemon.wait_for(r"swarm map at http://(\S+)/", 120).group(1) + "/"
         assert daemon.terminate(timeout_s=30) == 0

@@ -23,9 +23,12 @@ import torch
 import yaml
 
 from swarm import CodecId, DistributedModelForCausalLM
+from swarm.security import SwarmCredentials
 
 from ..daemons import REPO_ROOT, Daemon
 from .conftest import TTL, RunningSwarm, free_port
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 DASHBOARDS = REPO_ROOT / "dashboards"
@@ -99,6 +102,7 @@ def prometheus(running_swarm: RunningSwarm, tmp_path_factory: pytest.TempPathFac
     workdir = tmp_path_factory.mktemp("prometheus")
     targets = Daemon(
         "prometheus-targets",
+        "--open",
         "--initial-peers",
         running_swarm.initial_peers,
         "--out",
@@ -112,7 +116,11 @@ def prometheus(running_swarm: RunningSwarm, tmp_path_factory: pytest.TempPathFac
     try:
         targets.wait_for(r"swarm\.json: 3 target group\(s\)", 120)  # two peers and the registry exporter
         model = DistributedModelForCausalLM.from_pretrained(
-            running_swarm.model_path, [running_swarm.initial_peers], codec=CodecId.INT8_HADAMARD, metrics_port=0
+            running_swarm.model_path,
+            [running_swarm.initial_peers],
+            codec=CodecId.INT8_HADAMARD,
+            metrics_port=0,
+            credentials=OPEN,
         )
         clients = [{"targets": [model.metrics_address], "labels": {"role": "client"}}]
         (workdir / "targets" / "clients.json").write_text(json.dumps(clients))
@@ -210,7 +218,9 @@ def test_targets_follow_peers_as_they_come_and_go(prometheus: tuple, running_swa
 
 def test_once_writes_the_file_and_exits(running_swarm: RunningSwarm, tmp_path: Path) -> None:
     out = tmp_path / "swarm.json"
-    once = Daemon("prometheus-targets", "--initial-peers", running_swarm.initial_peers, "--out", str(out), "--once")
+    once = Daemon(
+        "prometheus-targets", "--open", "--initial-peers", running_swarm.initial_peers, "--out", str(out), "--once"
+    )
     try:
         assert once.process.wait(120) == 0
     finally:

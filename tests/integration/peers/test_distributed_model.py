@@ -11,9 +11,12 @@ import torch
 from peers.server import PeerServer
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.registry import Announcer, Registry
+from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo
 
 from .wire import peer_info
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 PROMPT = "The old stone bridge at the edge of the market town"
 
@@ -29,7 +32,7 @@ def announce(server: PeerServer, registry: Registry) -> Announcer:
 
 @pytest.fixture(scope="module")
 def bootstrap(peer_servers: list[PeerServer]) -> Iterator[Registry]:
-    registry = Registry()
+    registry = Registry(credentials=OPEN)
     announcers = [announce(server, registry) for server in peer_servers]
     yield registry
     for announcer in announcers:
@@ -47,7 +50,9 @@ def reference(smollm2_path: Path):
 
 @pytest.fixture(scope="module")
 def model(smollm2_path: Path, bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
-    model = DistributedModelForCausalLM.from_pretrained(smollm2_path, bootstrap.addresses, codec=CodecId.NONE)
+    model = DistributedModelForCausalLM.from_pretrained(
+        smollm2_path, bootstrap.addresses, codec=CodecId.NONE, credentials=OPEN
+    )
     yield model
     model.close()
 
@@ -138,7 +143,7 @@ def test_8bit_activations_keep_next_token_agreement_and_perplexity(smollm2_path:
     text = (Path(__file__).resolve().parents[2] / "data" / "eval_text.txt").read_text()
     input_ids = tokenizer(text, return_tensors="pt").input_ids
     assert input_ids.shape[1] >= 2000
-    eight_bit = DistributedModelForCausalLM.from_pretrained(smollm2_path, bootstrap.addresses)
+    eight_bit = DistributedModelForCausalLM.from_pretrained(smollm2_path, bootstrap.addresses, credentials=OPEN)
     try:
         with torch.inference_mode():
             remote = eight_bit(input_ids)[0]

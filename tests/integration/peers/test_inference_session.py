@@ -17,10 +17,13 @@ from swarm.codec import CodecId
 from swarm.errors import InvalidRequest, MissingBlocks
 from swarm.partition import load_span
 from swarm.router import MinLatencyRouter, WiringRouter
+from swarm.security import SwarmCredentials
 from swarm.types import Span
 
 from .test_peer_rpc import forward
 from .wire import peer_info
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 EVERYTHING = Span(0, 30)
 
@@ -44,7 +47,14 @@ def run_session(servers: list[PeerServer], seed: int, steps=(5, 1, 1, 1), on_ste
     expected = local_chain(spans, tokens, list(steps))
     peers = [peer_info(s) for s in servers]
     with InferenceSession(
-        MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 2, 64, CodecId.NONE, step_timeout_s=20
+        MinLatencyRouter(),
+        lambda fresh=False: peers,
+        EVERYTHING,
+        2,
+        64,
+        CodecId.NONE,
+        step_timeout_s=20,
+        credentials=OPEN,
     ) as s:
         got = []
         for number, length in enumerate(steps):
@@ -77,7 +87,7 @@ def test_concurrent_sessions_and_forwards_all_get_their_own_results(peer_servers
 def test_peer_errors_reach_the_client_as_typed_errors(peer_servers) -> None:
     peers = [peer_info(s) for s in peer_servers]
     with InferenceSession(
-        MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 4, CodecId.INT8_HADAMARD
+        MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 4, CodecId.INT8_HADAMARD, credentials=OPEN
     ) as session:
         session.step(torch.randn(1, 3, 576))
         with pytest.raises(InvalidRequest, match="exceed the session's max_length 4"):
@@ -88,7 +98,14 @@ def test_missing_blocks_are_named(peer_servers) -> None:
     peers = [peer_info(peer_servers[0])]
     with pytest.raises(MissingBlocks, match="blocks 15-29"):
         InferenceSession(
-            MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 4, CodecId.NONE, step_timeout_s=1
+            MinLatencyRouter(),
+            lambda fresh=False: peers,
+            EVERYTHING,
+            1,
+            4,
+            CodecId.NONE,
+            step_timeout_s=1,
+            credentials=OPEN,
         )
 
 
@@ -96,7 +113,9 @@ def test_missing_blocks_are_named(peer_servers) -> None:
 def replicas(smollm2_path: Path) -> Iterator[list[PeerServer]]:
     """A second copy of each span, started per test because failover tests stop them."""
     servers = [
-        PeerServer(load_span(smollm2_path, a, b), ServerConfig(cache_tokens=4096), peer_id=f"replica-{a}")
+        PeerServer(
+            load_span(smollm2_path, a, b), ServerConfig(cache_tokens=4096, credentials=OPEN), peer_id=f"replica-{a}"
+        )
         for a, b in ((0, 15), (15, 30))
     ]
     for server in servers:
@@ -116,7 +135,7 @@ def test_a_peer_dying_mid_session_is_replaced_and_outputs_do_not_change(replicas
     slow = [dataclasses.replace(peer_info(s), inference_steps_per_s=0.5) for s in peer_servers]
     router = MinLatencyRouter()
     with InferenceSession(
-        router, lambda fresh=False: fast + slow, EVERYTHING, 1, 64, CodecId.NONE, step_timeout_s=20
+        router, lambda fresh=False: fast + slow, EVERYTHING, 1, 64, CodecId.NONE, step_timeout_s=20, credentials=OPEN
     ) as session:
         assert [h.peer_id for h in session.route] == ["replica-0", "replica-15"]
         got = []
@@ -134,7 +153,10 @@ def test_concurrent_sessions_spread_over_replicas(replicas, peer_servers) -> Non
     servers = [*peer_servers, *replicas]
     peers = [peer_info(s) for s in servers]
     router = MinLatencyRouter()
-    sessions = [InferenceSession(router, lambda fresh=False: peers, EVERYTHING, 1, 16, CodecId.NONE) for _ in range(8)]
+    sessions = [
+        InferenceSession(router, lambda fresh=False: peers, EVERYTHING, 1, 16, CodecId.NONE, credentials=OPEN)
+        for _ in range(8)
+    ]
     try:
         for session in sessions:
             session.step(torch.randn(1, 2, 576))  # every session is now open on its peers
@@ -159,7 +181,7 @@ def test_server_to_server_push_carries_steps_past_the_client(peer_servers, push:
     tokens = torch.randn(1, 6, 576, generator=torch.Generator().manual_seed(11))
     expected = local_chain([s.backend.span for s in peer_servers], tokens, [2, 1, 1, 1, 1])
     with InferenceSession(
-        MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 16, CodecId.NONE, push=push
+        MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 16, CodecId.NONE, push=push, credentials=OPEN
     ) as session:
         got = [session.step(tokens[:, session.position : session.position + n]) for n in (2, 1, 1, 1, 1)]
     assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-4
@@ -199,7 +221,9 @@ def test_a_replacement_that_fails_during_replay_is_skipped_and_long_histories_re
     now = [0.0]
     router = MinLatencyRouter(bans=Bans(clock=lambda: now[0]))
     router.bans.ban("ghost")  # out of the first route
-    with InferenceSession(router, lambda fresh=False: [*fast, ghost, *slow], EVERYTHING, 1, 64, CodecId.NONE) as s:
+    with InferenceSession(
+        router, lambda fresh=False: [*fast, ghost, *slow], EVERYTHING, 1, 64, CodecId.NONE, credentials=OPEN
+    ) as s:
         assert s.route[0].peer_id == "replica-0"
         got = []
         for number, length in enumerate(steps):
@@ -223,7 +247,7 @@ def test_a_stale_route_to_a_peer_that_moved_fails_over_and_outputs_do_not_change
     slow = dataclasses.replace(current[1], inference_steps_per_s=0.5)  # the stale record looks faster
     router = MinLatencyRouter()
     with InferenceSession(
-        router, lambda fresh=False: [current[0], stale, slow], EVERYTHING, 1, 16, CodecId.NONE
+        router, lambda fresh=False: [current[0], stale, slow], EVERYTHING, 1, 16, CodecId.NONE, credentials=OPEN
     ) as session:
         assert [h.peer_id for h in session.route] == ["peer-0", "moved"]
         got = [session.step(tokens[:, session.position : session.position + n]) for n in steps]
@@ -231,7 +255,9 @@ def test_a_stale_route_to_a_peer_that_moved_fails_over_and_outputs_do_not_change
     assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-4
     # A forward call on the stale route is retried on the peer that does serve [15, 30).
     stale_forward = dataclasses.replace(stale, forward_tokens_per_s=1e6)
-    blocks = RemoteSequential(WiringRouter(), lambda: [stale_forward, slow], Span(15, 30), CodecId.NONE)
+    blocks = RemoteSequential(
+        WiringRouter(), lambda: [stale_forward, slow], Span(15, 30), CodecId.NONE, credentials=OPEN
+    )
     try:
         hidden = tokens[:, :4]
         with torch.inference_mode():

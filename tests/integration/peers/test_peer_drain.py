@@ -17,6 +17,9 @@ from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode
 from swarm.partition import load_span
+from swarm.security import SwarmCredentials
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 V = pb.PROTOCOL_VERSION_CURRENT
 
@@ -36,7 +39,7 @@ def step_message(step_id: int, position: int, hidden: torch.Tensor) -> pb.Infere
 
 
 def test_drain_finishes_the_open_session_and_refuses_new_ones(smollm2_path: Path) -> None:
-    server = PeerServer(load_span(smollm2_path, 0, 2), ServerConfig(cache_tokens=64))
+    server = PeerServer(load_span(smollm2_path, 0, 2), ServerConfig(cache_tokens=64, credentials=OPEN))
     server.start()
     channel = grpc.insecure_channel(server.address)
     stub = pb_grpc.PeerStub(channel)
@@ -73,7 +76,9 @@ def test_drain_finishes_the_open_session_and_refuses_new_ones(smollm2_path: Path
 
 def test_open_sessions_are_capped_below_the_rpc_threads(smollm2_path: Path) -> None:
     """Each open stream holds an RPC thread; past the cap a new session is refused, and Push/Info still answer."""
-    server = PeerServer(load_span(smollm2_path, 0, 2), ServerConfig(cache_tokens=640, rpc_threads=10))
+    server = PeerServer(
+        load_span(smollm2_path, 0, 2), ServerConfig(cache_tokens=640, rpc_threads=10, credentials=OPEN)
+    )
     server.start()
     channel = grpc.insecure_channel(server.address)
     stub = pb_grpc.PeerStub(channel)

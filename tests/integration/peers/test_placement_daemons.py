@@ -15,9 +15,12 @@ import torch
 
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.registry import Registry
+from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, PeerState
 
 from ..daemons import Daemon, poll_until
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 TTL = 6.0
 PERIOD = 2.0  # rebalance checks every 1-3 s
@@ -27,13 +30,13 @@ SMALL = ("--cache-tokens", "4096", "--drain-grace", "2", "--ttl", str(TTL), "--r
 class Swarm:
     def __init__(self, model_path: Path, initial_peers: str, ray_address: str) -> None:
         self.model_path, self.initial_peers, self.ray_address = model_path, initial_peers, ray_address
-        self.registry = Registry([initial_peers], client_mode=True)
+        self.registry = Registry([initial_peers], client_mode=True, credentials=OPEN)
         self.daemons: list[Daemon] = []
 
     def join(self, name: str, *flags: str) -> Daemon:
         model = ("--model", str(self.model_path), "--model-name", name)
         where = ("--initial-peers", self.initial_peers, "--ray-address", self.ray_address)
-        daemon = Daemon("peer", "join", *model, *where, *SMALL, *flags)
+        daemon = Daemon("peer", "join", "--open", *model, *where, *SMALL, *flags)
         self.daemons.append(daemon)
         return daemon
 
@@ -53,7 +56,7 @@ class Swarm:
 
 @pytest.fixture(scope="module")
 def swarm(smollm2_path: Path) -> Iterator[Swarm]:
-    up = Daemon("up", "--peers", "0", "--model", str(smollm2_path), "--ttl", str(TTL))
+    up = Daemon("up", "--open", "--peers", "0", "--model", str(smollm2_path), "--ttl", str(TTL))
     swarm = None
     try:
         ray_address = up.wait_for(r"ray address: (\S+)", 240).group(1)
@@ -131,7 +134,7 @@ def test_killing_the_only_peer_of_a_span_moves_another_there_and_its_session_com
 
     model = DistributedModelForCausalLM.from_pretrained(
         swarm.model_path, [swarm.initial_peers], model_name=name, codec=CodecId.NONE,
-        step_timeout_s=90.0, refresh_s=1.0, ban_base_s=0.5, max_failovers=16,
+        step_timeout_s=90.0, refresh_s=1.0, ban_base_s=0.5, max_failovers=16, credentials=OPEN,
     )  # fmt: skip
     try:
         from transformers import AutoTokenizer

@@ -22,9 +22,12 @@ from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode
 from swarm.partition import load_span
 from swarm.registry import Registry
+from swarm.security import SwarmCredentials
 from swarm.types import PeerState
 
 from ..daemons import ENV, REPO_ROOT, Daemon, poll_until
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 TTL = 6.0
 V = pb.PROTOCOL_VERSION_CURRENT
@@ -33,7 +36,7 @@ V = pb.PROTOCOL_VERSION_CURRENT
 class Swarm:
     def __init__(self, daemon: Daemon, initial_peers: str, ray_address: str) -> None:
         self.daemon, self.initial_peers, self.ray_address = daemon, initial_peers, ray_address
-        self.registry = Registry([initial_peers], client_mode=True)
+        self.registry = Registry([initial_peers], client_mode=True, credentials=OPEN)
 
     def peers(self, **filters):
         return [p for p in self.registry.peers("smollm2-135m") if all(getattr(p, k) == v for k, v in filters.items())]
@@ -44,7 +47,7 @@ class Swarm:
 
 @pytest.fixture(scope="module")
 def swarm(smollm2_path: Path) -> Iterator[Swarm]:
-    daemon = Daemon("up", "--peers", "2", "--model", str(smollm2_path), "--ttl", str(TTL))
+    daemon = Daemon("up", "--open", "--peers", "2", "--model", str(smollm2_path), "--ttl", str(TTL))
     try:
         ray_address = daemon.wait_for(r"ray address: (\S+)", 240).group(1)
         initial_peers = daemon.wait_for(r"initial peers: (\S+)", 240).group(1)
@@ -60,6 +63,7 @@ def join(swarm: Swarm, smollm2_path: Path, *flags: str) -> Daemon:
     return Daemon(
         "peer",
         "join",
+        "--open",
         "--model",
         str(smollm2_path),
         "--initial-peers",
@@ -74,7 +78,7 @@ def join(swarm: Swarm, smollm2_path: Path, *flags: str) -> Daemon:
 
 def test_status_shows_peers_spans_states_and_coverage(swarm: Swarm) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "swarm", "status", "--initial-peers", swarm.initial_peers],
+        [sys.executable, "-m", "swarm", "status", "--open", "--initial-peers", swarm.initial_peers],
         capture_output=True,
         text=True,
         timeout=120,
@@ -98,6 +102,7 @@ def test_generate_streams_the_same_text_as_hugging_face(swarm: Swarm, smollm2_pa
             "-m",
             "swarm",
             "generate",
+            "--open",
             "--initial-peers",
             swarm.initial_peers,
             "--model",

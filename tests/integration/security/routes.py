@@ -13,11 +13,14 @@ from swarm.client.generate import GenerationParams, decode_loop
 from swarm.codec import CodecId
 from swarm.partition import ClientHead
 from swarm.router import Bans, MinLatencyRouter
+from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, Span
 
 from ..peers.wire import peer_info
 
 WHOLE = Span(0, 30)
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 
 def listing(servers: dict[str, PeerServer], speeds: dict[str, float]) -> Callable[..., list[PeerInfo]]:
@@ -49,7 +52,9 @@ def generate(
 ) -> tuple[torch.Tensor, InferenceSession]:
     """Greedy tokens through a session over `peers` (min-latency routes without jitter), and the session."""
     router = MinLatencyRouter(bans=bans, jitter=0.0)
-    with InferenceSession(router, peers, WHOLE, 1, 64, codec, step_timeout_s=step_timeout_s) as session:
+    with InferenceSession(
+        router, peers, WHOLE, 1, 64, codec, step_timeout_s=step_timeout_s, credentials=OPEN
+    ) as session:
         if verify:
             session.enable_verification(verify, margin=0.01)
         return greedy(head, session, prompt, new_tokens), session

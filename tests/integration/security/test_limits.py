@@ -22,6 +22,7 @@ from swarm.codec import CodecId, encode, split
 from swarm.errors import Overloaded
 from swarm.partition import load_span
 from swarm.router import MinLatencyRouter
+from swarm.security import SwarmCredentials
 from swarm.types import Hop, Span
 
 from ..peers.wire import peer_info
@@ -30,6 +31,8 @@ V = pb.PROTOCOL_VERSION_CURRENT
 SPAN = Span(0, 2)
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
+
 
 @pytest.fixture
 def start_peer(smollm2_path: Path) -> Iterator[Callable[..., PeerServer]]:
@@ -37,7 +40,9 @@ def start_peer(smollm2_path: Path) -> Iterator[Callable[..., PeerServer]]:
     servers: list[PeerServer] = []
 
     def start(peer_id: str = "limited", **config) -> PeerServer:
-        server = PeerServer(load_span(smollm2_path, SPAN.start, SPAN.end), ServerConfig(**config), peer_id=peer_id)
+        server = PeerServer(
+            load_span(smollm2_path, SPAN.start, SPAN.end), ServerConfig(**config, credentials=OPEN), peer_id=peer_id
+        )
         server.start()
         servers.append(server)
         return server
@@ -52,7 +57,9 @@ def stub(server: PeerServer) -> pb_grpc.PeerStub:
 
 
 def span_session(server: PeerServer, max_length: int = 16) -> SpanSession:
-    return SpanSession(Hop("limited", server.address, SPAN), 1, max_length, CodecId.NONE, step_timeout_s=30)
+    return SpanSession(
+        Hop("limited", server.address, SPAN), 1, max_length, CodecId.NONE, step_timeout_s=30, credentials=OPEN
+    )
 
 
 def raw_session(steps: list[torch.Tensor], max_length: int = 16) -> Iterator[pb.InferenceRequest]:
@@ -152,7 +159,9 @@ def test_a_session_over_its_token_limit_moves_to_another_replica(start_peer) -> 
     hidden = torch.randn(1, 9, 576, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         expected = roomy.backend.span(hidden)
-    with InferenceSession(MinLatencyRouter(jitter=0.0), lambda fresh=False: peers, SPAN, 1, 16, CodecId.NONE) as s:
+    with InferenceSession(
+        MinLatencyRouter(jitter=0.0), lambda fresh=False: peers, SPAN, 1, 16, CodecId.NONE, credentials=OPEN
+    ) as s:
         got = [s.step(hidden[:, :4]), s.step(hidden[:, 4:8]), s.step(hidden[:, 8:])]
         assert [hop.peer_id for hop in s.route] == ["roomy"] and s.failovers == 1
     assert float((torch.cat(got, dim=1) - expected).abs().max()) <= 1e-4

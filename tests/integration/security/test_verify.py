@@ -19,6 +19,7 @@ from swarm.errors import MissingBlocks
 from swarm.partition import load_client_head
 from swarm.registry import Announcer, Registry
 from swarm.router import Bans, MinLatencyRouter
+from swarm.security import SwarmCredentials
 
 from ..peers.wire import peer_info
 from .routes import WHOLE, generate, listing
@@ -30,6 +31,8 @@ ROLES = {
     "primary": {"left": 10.0, "right-noisy": 100.0, "right": 10.0, "right-2": 1.0},
     "shadow": {"left": 10.0, "right": 100.0, "right-noisy": 10.0, "right-2": 1.0},
 }
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def reference(smollm2_path: Path):
 
 @pytest.fixture(scope="module")
 def bootstrap() -> Iterator[Registry]:
-    registry = Registry()
+    registry = Registry(credentials=OPEN)
     yield registry
     registry.shutdown()
 
@@ -71,7 +74,13 @@ def test_a_noisy_peer_is_banned_and_generation_equals_hugging_face(
         while len(bootstrap.peers(name)) < len(announcers) and time.monotonic() < deadline:
             time.sleep(0.2)
         model = DistributedModelForCausalLM.from_pretrained(
-            smollm2_path, bootstrap.addresses, model_name=name, codec=CodecId.NONE, verify_fraction=1.0, ban_base_s=60
+            smollm2_path,
+            bootstrap.addresses,
+            model_name=name,
+            codec=CodecId.NONE,
+            verify_fraction=1.0,
+            ban_base_s=60,
+            credentials=OPEN,
         )
         input_ids, expected = reference
         got = model.generate(input_ids, max_new_tokens=NEW_TOKENS)
@@ -94,7 +103,7 @@ def test_honest_replicas_agree_within_the_codec_tolerance(faulty_swarm, codec: C
     bans = Bans(base_s=60.0)
     peers = listing(faulty_swarm, {"left": 10, "right": 10, "right-2": 1})
     hidden = torch.randn(1, 9, 576, generator=torch.Generator().manual_seed(5))
-    with InferenceSession(MinLatencyRouter(bans=bans), peers, WHOLE, 1, 64, codec) as session:
+    with InferenceSession(MinLatencyRouter(bans=bans), peers, WHOLE, 1, 64, codec, credentials=OPEN) as session:
         session.step(hidden[:, :5])
         session.step(hidden[:, 5:6])
         # Verifying from now on, the shadow first catches up on 6 tokens at once where the route's peer ran 5, then

@@ -31,6 +31,7 @@ def make_config(tiny_llama: Path):
         raw: dict[str, Any] = {
             "run_id": run_id,
             "model": str(tiny_llama),
+            "credentials": "open",  # these tests train in an open swarm, as asked for explicitly
             "stages": [[0, 2], [2, 4]],
             "data": {"path": str(DATA), "tokenizer": "bytes", "seq_len": 32},
             "micro_batch": 8,

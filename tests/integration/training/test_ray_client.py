@@ -69,6 +69,7 @@ def _job_file(make_config, tmp_path: Path, run_id: str) -> Path:
     raw = {
         "run_id": run_id,
         "model": config.model,
+        "credentials": "open",
         "stages": [list(s) for s in config.stages],
         "data": {"path": config.data.path, "tokenizer": "bytes", "seq_len": config.data.seq_len},
         "micro_batch": 8,

@@ -6,7 +6,8 @@
 - the KubeRay RayCluster goes through the KubeRay autoscaler's own reader, which derives an autoscaling config from
   the manifest and validates it, plus structural checks of the manifest that Kubernetes would make (port names,
   replica bounds, string-valued rayStartParams, containers with images);
-- every `swarm ...` command the configs run parses with the real `swarm` argument parser.
+- every `swarm ...` command the configs run parses with the real `swarm` argument parser, and every one that talks
+  to the swarm runs it as a private swarm (`--credentials`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def check_commands_parse(commands: list[str]) -> list[list[str]]:
     for args in parsed:
         ns = build_parser().parse_args(args)  # SystemExit on an unknown flag
         assert ns.run is not None
+        if hasattr(ns, "credentials"):
+            assert ns.credentials is not None and not ns.open, f"swarm {args[0]} is not run as a private swarm"
     return parsed
 
 

@@ -137,7 +137,7 @@ def test_limits_must_be_positive(bad: dict) -> None:
 def parse(*flags: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_peer_flags(parser)
-    return parser.parse_args(["--model", "m", *flags])
+    return parser.parse_args(["--model", "m", "--open", *flags])
 
 
 def test_flag_defaults_are_the_configs() -> None:

@@ -73,15 +73,15 @@ def test_the_loop_checks_on_its_period_and_stops() -> None:
     ],
 )
 def test_peers_placed_by_placement_rebalance_and_pinned_ones_stay(flags: list[str], rebalances: bool) -> None:
-    ns = build_parser().parse_args(["peer", "join", "--model", "m", *flags])
+    ns = build_parser().parse_args(["peer", "join", "--open", "--model", "m", *flags])
     assert PeerConfig.from_args(ns).rebalances is rebalances
 
 
 def test_cli_defaults_are_placement_config_defaults_and_flags_reach_it() -> None:
-    ns = build_parser().parse_args(["peer", "join", "--model", "m"])
+    ns = build_parser().parse_args(["peer", "join", "--open", "--model", "m"])
     assert PeerConfig.from_args(ns).placement == PlacementConfig()
     flags = ["--memory-gib", "2.5", "--rebalance-period", "7", "--rebalance-margin", "0.1"]
-    ns = build_parser().parse_args(["peer", "join", "--model", "m", *flags])
+    ns = build_parser().parse_args(["peer", "join", "--open", "--model", "m", *flags])
     assert PeerConfig.from_args(ns).placement == PlacementConfig(2.5, None, 7.0, 0.1)
 
 

@@ -18,6 +18,8 @@ from swarm import errors
         (errors.MalformedTensorError("x"), grpc.StatusCode.INVALID_ARGUMENT),
         (errors.InvalidSpan("x"), grpc.StatusCode.INVALID_ARGUMENT),
         (errors.WrongSpan("x"), grpc.StatusCode.FAILED_PRECONDITION),
+        (errors.Unauthenticated("x"), grpc.StatusCode.UNAUTHENTICATED),
+        (errors.CredentialsError("x"), grpc.StatusCode.INTERNAL),
         (RuntimeError("x"), grpc.StatusCode.INTERNAL),
     ],
 )

@@ -14,7 +14,7 @@ from swarm.training.config import config_from_dict, load_config
 from swarm.training.data import TokenDataset
 from swarm.training.schedule import WarmupCosine, batch_rescale
 
-BASE = {"run_id": "r1", "model": "m", "data": {"path": "d.txt"}}
+BASE = {"run_id": "r1", "model": "m", "data": {"path": "d.txt"}, "credentials": "open"}
 
 
 def test_unknown_keys_are_refused_by_name() -> None:
@@ -45,7 +45,7 @@ def test_stages_must_tile_the_blocks() -> None:
 
 def test_load_config_reads_yaml_and_applies_overrides(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
-    path.write_text("run_id: r2\nmodel: m\ndata: {path: d.txt, seq_len: 16}\nsteps: 5\n")
+    path.write_text("run_id: r2\nmodel: m\ndata: {path: d.txt, seq_len: 16}\nsteps: 5\ncredentials: open\n")
     config = load_config(path, steps=9)
     assert (config.run_id, config.steps, config.data.seq_len, config.dht_key) == ("r2", 9, 16, "r2.train")
     path.write_text("- a list\n")
