@@ -11,6 +11,7 @@ helpers are made to die with the actor (swarm/registry/fork_guard.py) so Ray sti
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -209,12 +210,20 @@ class SiblingReplicas:
         self, registry: Registry, config: TrainConfig, span: Span, peer_id: str, stop: threading.Event
     ) -> None:
         self.registry, self.dht_key, self.span, self.peer_id = registry, config.dht_key, span, peer_id
-        self.addresses: list[str] = []  # ONLINE siblings
+        self.online: list[str] = []  # ONLINE siblings, as the DHT says
         self.joining = 0  # siblings still taking the stage's state
+        self._unreachable: dict[str, float] = {}  # address -> when a StepNow to it found nobody there
         self.stubs = PeerStubs(config.credentials, stub_type=pb_grpc.TrainingStageStub)
         self._stop = stop
         self._refresh()
         threading.Thread(target=self._refresh_loop, daemon=True, name="stage-siblings").start()
+
+    @property
+    def addresses(self) -> list[str]:
+        """ONLINE siblings, less those a StepNow just found dead: their records outlive them by up to a TTL, and
+        counting them would make this replica wait for rounds they cannot join."""
+        now = time.monotonic()
+        return [a for a in self.online if now - self._unreachable.get(a, -math.inf) > ANNOUNCE_TTL_S]
 
     def count(self) -> int:
         """Replicas this one averages with, itself included. A JOINING sibling counts: the stage does not step
@@ -231,6 +240,8 @@ class SiblingReplicas:
             self.stubs(address).StepNow(pb.StepNowRequest(step=step), timeout=STEP_NOW_TIMEOUT_S)
         except grpc.RpcError as error:  # dead or restarting: the round goes on without it
             logger.info("StepNow(%d) to %s failed: %s", step, address, error.code())
+            if error.code() is grpc.StatusCode.UNAVAILABLE:
+                self._unreachable[address] = time.monotonic()
 
     def _refresh(self) -> None:
         try:
@@ -239,7 +250,7 @@ class SiblingReplicas:
             logger.debug("cannot read sibling replicas: %s", error)
             return
         siblings = [p for p in peers if p.span == self.span and p.peer_id != self.peer_id]
-        self.addresses = [p.address for p in siblings if p.state is PeerState.ONLINE]
+        self.online = [p.address for p in siblings if p.state is PeerState.ONLINE]
         self.joining = sum(p.state is PeerState.JOINING for p in siblings)
 
     def _refresh_loop(self) -> None:

@@ -132,9 +132,10 @@ class StageOptimizer(hivemind.Optimizer):
     def _gradients_for_this_step(self) -> bool:
         """Put the gradients of this step in the optimizer's buffers: averaged over the live replicas, or this
         replica's own when it is alone (or gave up on its siblings). False: averaging failed, retry later."""
+        if self.sibling_joining is not None and self.sibling_joining():
+            return False  # keep accumulating until it serves: no round can form without it meanwhile
         samples = self.grad_averager.local_samples_accumulated
-        gave_up = self.failed_rounds >= MAX_FAILED_ROUNDS and not (self.sibling_joining and self.sibling_joining())
-        if self.live_count() <= 1 or gave_up:
+        if self.live_count() <= 1 or self.failed_rounds >= MAX_FAILED_ROUNDS:
             if samples == 0:
                 return False  # nothing to step with (told to step by a sibling that is gone since)
             self.grad_averager.load_accumulators_into_averager_()

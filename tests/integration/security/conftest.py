@@ -19,9 +19,9 @@ from peers.server import PeerServer, ServerConfig
 from swarm.partition import load_span
 from swarm.registry import Announcer, Registry
 from swarm.security import TLS_NAME, SwarmCredentials
-from swarm.types import PeerInfo, PeerState, Span
 
 from ...swarm_keys import Keys, make_keys
+from ..peers.wire import peer_info
 
 MODEL = "smollm2-135m"
 
@@ -51,17 +51,7 @@ def private_registry(private_peers: list[PeerServer], keys: Keys) -> Iterator[Re
     registry = Registry(credentials=keys.alice)
 
     def describer(server: PeerServer):
-        span = server.backend.span
-        return lambda: PeerInfo(
-            server.service.config.peer_id,
-            server.address,
-            Span(span.start, span.end),
-            PeerState.ONLINE,
-            inference_steps_per_s=10.0,
-            cache_tokens_free=server.pool.tokens_free,
-            model=MODEL,
-            total_blocks=30,
-        )
+        return lambda: peer_info(server, model=MODEL, total_blocks=30)
 
     announcers = [Announcer(registry, describer(server), period_s=5, ttl_s=30) for server in private_peers]
     for announcer in announcers:
