@@ -13,10 +13,13 @@ from swarm.client import RemoteSequential
 from swarm.codec import CodecId
 from swarm.partition import ClientHead, load_client_head
 from swarm.router import Bans, WiringRouter
+from swarm.security import SwarmCredentials
 
 from .routes import WHOLE, generate, listing
 
 PROMPT = "The lighthouse keeper climbed the stairs at dusk and"
+
+OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def test_a_forward_through_a_peer_answering_inf_is_retried_elsewhere(faulty_swar
         expected = faulty_swarm["right"].backend.span(faulty_swarm["left"].backend.span(hidden))
     bans = Bans(base_s=60.0)
     peers = listing(faulty_swarm, {"left-inf": 100, "left": 1, "right": 10})
-    blocks = RemoteSequential(WiringRouter(bans=bans, jitter=0.0), peers, WHOLE, CodecId.NONE)
+    blocks = RemoteSequential(WiringRouter(bans=bans, jitter=0.0), peers, WHOLE, CodecId.NONE, credentials=OPEN)
     try:
         got = blocks(hidden)
     finally:
