@@ -92,7 +92,7 @@ def _summary(output: str) -> dict:
 def test_job_through_ray_client_trains_and_reports_loss(ray_head, make_config, tmp_path):
     addresses, env = ray_head
     job_file = _job_file(make_config, tmp_path, "ray-client")
-    for attempt in range(3):  # Ray's client server sometimes loses the process it starts per client (a zombie)
+    for _attempt in range(3):  # Ray's client server sometimes loses the process it starts per client (a zombie)
         result = subprocess.run(
             [sys.executable, "-m", "swarm", "train", str(job_file), "--ray-address", addresses["client"]],
             env=env, capture_output=True, text=True, timeout=240,
