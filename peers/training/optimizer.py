@@ -61,6 +61,12 @@ class SampleCountTracker(ProgressTracker):
 class StageOptimizer(hivemind.Optimizer):
     """hivemind.Optimizer with an exact sample count and a way for one replica to start a step for all."""
 
+    round_samples: int | None = None  # samples the last step applied, summed over the replicas that averaged
+    live_replicas: Callable[[], int] | None = None  # from the stage's DHT records (set by the stage actor)
+    sibling_joining: Callable[[], bool] | None = None  # a sibling is taking the stage's state: wait for it
+    failed_rounds: int = 0  # consecutive failed averaging rounds of the current step
+    rounds_averaged: int = 0  # steps whose gradients were averaged with other replicas
+
     def samples_after(self, batch: int) -> int:
         """The stage's samples toward this step if this replica adds `batch` more (as far as it knows)."""
         progress = self.tracker.global_progress
@@ -101,17 +107,12 @@ class StageOptimizer(hivemind.Optimizer):
             time.sleep(0.2 * (attempt + 1))
         return False
 
-    round_samples: int | None = None  # samples the last step applied, summed over the replicas that averaged
-    live_replicas: Callable[[], int] | None = None  # from the stage's DHT records (set by the stage actor)
-    sibling_joining: Callable[[], bool] | None = None  # a sibling is taking the stage's state: wait for it
-    failed_rounds: int = 0  # consecutive failed averaging rounds of the current step
-    rounds_averaged: int = 0  # steps whose gradients were averaged with other replicas
-
     def _update_global_epoch(self, grad_scaler: Any) -> None:
         """The stage's step, replacing hivemind's: a failed averaging round leaves the step untaken (gradients
         kept) instead of stepping alone with local gradients, which would make this replica's parameters differ
         from its siblings'. The next backward or StepNow retries; after MAX_FAILED_ROUNDS the replica steps
-        alone, as hivemind would (the periodic state averaging then repairs the difference)."""
+        alone, as hivemind would (the periodic state averaging then repairs the difference). A replica the stage
+        stepped without downloads the stage's state instead."""
         if grad_scaler is not None:
             raise ValueError("stage optimizers run without a gradient scaler (bf16 autocast needs none)")
         try:
