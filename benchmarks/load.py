@@ -146,7 +146,7 @@ def main() -> None:
     config = dataclasses.replace(LoadConfig(), sessions=ns.sessions, seconds=ns.seconds)
     start, end = (int(part) for part in ns.blocks.split(":"))
     flags = ("--blocks", ns.blocks, "--rpc-threads", str(ns.sessions + 8), "--sessions-per-client", str(ns.sessions))
-    process, address = peer_process.start(ns.model, *flags)
+    process, address, _ = peer_process.start(ns.model, *flags)
     try:
         peer = psutil.Process(process.pid)
         print(json.dumps(run_load(address, Span(start, end), config, lambda: peer.memory_info().rss)))

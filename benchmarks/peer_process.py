@@ -1,7 +1,7 @@
 """A peer in a process of its own, for measurements that must watch it (crash, memory): the load benchmark and
 the fuzz test. It serves blocks of a checkpoint until its stdin closes, printing `serving ADDRESS` once ready.
 
-Run: `python -m benchmarks.peer_process --model .cache/models/smollm2-135m --blocks 0:2 [--fuzz-limits]`
+Run: `python -m benchmarks.peer_process --model .cache/models/smollm2-135m --blocks 0:2 [--fuzz-limits] [--metrics]`
 (`start()` does this from Python and returns the process and the address).
 """
 
@@ -33,15 +33,17 @@ FUZZ = ServerConfig(
 )
 
 
-def start(model: str | Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    """Start the peer process with `flags` (this module's); returns it once serving, and its address."""
+def start(model: str | Path, *flags: str) -> tuple[subprocess.Popen, str, str]:
+    """Start the peer process with `flags` (this module's); returns it once serving, its address and its /metrics
+    address ("" without --metrics)."""
     command = [sys.executable, "-m", "benchmarks.peer_process", "--model", str(model), *flags]
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     line = process.stdout.readline().decode()
     if not line.startswith("serving "):
         stop(process)
         raise RuntimeError(f"the peer process did not start: {line!r}")
-    return process, line.split()[1]
+    words = line.split()
+    return process, words[1], words[2] if len(words) > 2 else ""
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--rpc-threads", type=int, default=ServerConfig().rpc_threads)
     parser.add_argument("--sessions-per-client", type=int, default=LimitsConfig().sessions_per_client)
+    parser.add_argument("--metrics", action="store_true", help="serve /metrics on a free port and print its address")
     parser.add_argument("--fuzz-limits", action="store_true", help="FUZZ's config instead of ServerConfig()'s")
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
@@ -72,7 +75,8 @@ def main() -> None:
     config = dataclasses.replace(config, rpc_threads=ns.rpc_threads)
     server = PeerServer(load_span(ns.model, start_block, end_block), config, peer_id="measured", model="smollm2-135m")
     server.start()
-    print(f"serving {server.address}", flush=True)
+    metrics = f" 127.0.0.1:{server.metrics.serve('127.0.0.1', 0)}" if ns.metrics else ""
+    print(f"serving {server.address}{metrics}", flush=True)
     sys.stdin.read()  # until the parent closes our stdin (or dies)
     server.stop()
 

@@ -39,15 +39,18 @@ class StagePeer:
 
     def info(self) -> dict:
         """What the daemon announces, measured now."""
-        server, meters = self.server, self.server.scheduler.meters
+        server, engine = self.server, self.server.engine
+        iteration_s = 1 / engine.meters[TaskKind.INFERENCE].rate if engine.meters[TaskKind.INFERENCE].rate else 0.0
         return {
             "peer_id": self.peer_id,
             "address": server.address,
             "span": [self.span.start, self.span.end],
-            "forward_tokens_per_s": meters[TaskKind.FORWARD].rate,
-            "inference_steps_per_s": meters[TaskKind.INFERENCE].rate,
-            "queue_length": server.scheduler.queue_length,
+            "forward_tokens_per_s": engine.meters[TaskKind.FORWARD].rate,
+            "inference_steps_per_s": engine.meters[TaskKind.INFERENCE].rate,
+            "queue_length": engine.queue_length,
             "cache_tokens_free": server.pool.tokens_free,
+            "batch_size": engine.batch_size.value,
+            "iteration_ms": 1000 * iteration_s,
             "metrics_address": self.metrics_address,
             "pid": os.getpid(),
         }

@@ -1,6 +1,7 @@
-"""Runs a peer's span of blocks on tensors: validated forward, backward and inference steps.
+"""Runs a peer's span of blocks on tensors for stateless work: validated forward and backward (inference sessions
+run through peers/model_runner.py).
 
-Knows nothing of gRPC or Ray. The service decodes tensors and calls these through the scheduler.
+Knows nothing of gRPC or Ray. The service decodes tensors, checks them here, and the engine calls these.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from swarm.errors import InvalidRequest, InvalidSpan, WrongSpan
-from swarm.partition import BlockSpan, SpanCache
+from swarm.partition import BlockSpan
 
 MAX_POSITION = 1 << 31  # no model has a longer context, and rotary tables index positions with int64 arithmetic
 
@@ -92,7 +93,3 @@ class SpanBackend:
             outputs = self.span(inputs, position=position, blocks=blocks)
             (grad_inputs,) = torch.autograd.grad(outputs, inputs, grad_outputs.to(outputs.dtype))
         return grad_inputs
-
-    @torch.inference_mode()
-    def inference_step(self, cache: SpanCache, hidden: torch.Tensor, position: int, blocks: range) -> torch.Tensor:
-        return self.span(hidden, position=position, cache=cache, blocks=blocks)

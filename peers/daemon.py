@@ -97,6 +97,8 @@ class PeerDaemon:
             inference_steps_per_s=live["inference_steps_per_s"],
             queue_length=live["queue_length"],
             cache_tokens_free=live["cache_tokens_free"],
+            batch_size=live["batch_size"],
+            iteration_ms=live["iteration_ms"],
             metrics_address=live["metrics_address"],
         )
 

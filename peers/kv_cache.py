@@ -1,81 +1,120 @@
-"""The peer's KV-cache pool: sessions reserve room in tokens up front and give it back when they end.
+"""The peer's KV cache: one pool of fixed-size pages allocated at start, and the page tables of sequences.
 
-The service allocates at session open and releases at session end; the backend only sees SpanCache objects.
+A page holds `page_size` tokens of keys and values for every block of the span. A sequence takes pages as its tokens
+arrive and gives back those past its length on rollback, and all of them when its session ends. Only the engine's
+loop (peers/engine.py) changes page tables; other threads only read the counts.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+import math
+from dataclasses import dataclass, field
 
-from swarm.errors import InvalidRequest, Overloaded, SessionNotFound
-from swarm.partition import SpanCache
+import torch
+
+from swarm.errors import Overloaded
 
 
-class CachePool:
-    """A budget of `capacity_tokens` cached tokens (batch x max_length, per session) shared by all sessions."""
+@dataclass(frozen=True, slots=True)
+class PoolShape:
+    """What one page holds and how many pages there are."""
 
-    def __init__(self, capacity_tokens: int) -> None:
-        if capacity_tokens < 1:
-            raise ValueError(f"capacity_tokens must be >= 1, got {capacity_tokens}")
-        self.capacity_tokens = capacity_tokens
-        self._lock = threading.Lock()
-        self._sessions: dict[str, tuple[SpanCache, int]] = {}
-        self._reserved = 0
+    num_layers: int  # blocks of the span
+    num_pages: int
+    page_size: int  # tokens per page
+    kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        if min(self.num_layers, self.num_pages, self.page_size, self.kv_heads, self.head_dim) < 1:
+            raise ValueError(f"every dimension of the KV pool must be >= 1, got {self}")
+
+    def pages_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.page_size)
+
+    def bytes_per_page(self, dtype: torch.dtype) -> int:
+        """Keys and values of one page across all layers."""
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.page_size * self.kv_heads * self.head_dim * element
+
+
+class PagePool:
+    """Keys and values of every page, as flat token slots: slot = page * page_size + offset in the page.
+
+    Allocated once: on CUDA the memory is the device's from the start; on a CPU the host maps it lazily, so an
+    unused pool costs address space, not RAM.
+    """
+
+    def __init__(self, shape: PoolShape, dtype: torch.dtype, device: str | torch.device) -> None:
+        self.shape = shape
+        slots = shape.num_pages * shape.page_size
+        size = (shape.num_layers, slots, shape.kv_heads, shape.head_dim)
+        self.keys = torch.empty(size, dtype=dtype, device=device)  # [layers, slots, kv_heads, head_dim]
+        self.values = torch.empty(size, dtype=dtype, device=device)
+        self._free = list(range(shape.num_pages - 1, -1, -1))  # a stack: the last freed page is reused first
 
     @property
-    def tokens_in_use(self) -> int:
-        with self._lock:
-            return self._reserved
+    def page_size(self) -> int:
+        return self.shape.page_size
+
+    @property
+    def pages_total(self) -> int:
+        return self.shape.num_pages
+
+    @property
+    def pages_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def pages_used(self) -> int:
+        return self.shape.num_pages - len(self._free)
+
+    @property
+    def tokens_total(self) -> int:
+        return self.shape.num_pages * self.shape.page_size
 
     @property
     def tokens_free(self) -> int:
-        with self._lock:
-            return self.capacity_tokens - self._reserved
+        return len(self._free) * self.shape.page_size
 
     @property
-    def open_sessions(self) -> int:
-        with self._lock:
-            return len(self._sessions)
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
 
-    def allocate(self, session_id: str, tokens: int, build: Callable[[], SpanCache]) -> SpanCache:
-        """Reserve `tokens` for `session_id` and build its cache.
+    def take(self, count: int) -> list[int]:
+        """Raises Overloaded when fewer than `count` pages are free (nothing is taken then)."""
+        if count > len(self._free):
+            raise Overloaded(f"KV cache is full: {count} pages needed, {len(self._free)} of {self.pages_total} free")
+        taken = self._free[len(self._free) - count :]
+        del self._free[len(self._free) - count :]
+        return taken
 
-        Raises:
-            InvalidRequest: the session id is empty or already open.
-            Overloaded: the pool lacks room now (the client may retry later or elsewhere).
-        """
-        if not session_id:
-            raise InvalidRequest("session_id must not be empty")
-        with self._lock:
-            if session_id in self._sessions:
-                raise InvalidRequest(f"session {session_id!r} is already open on this peer")
-            if tokens > self.capacity_tokens - self._reserved:
-                raise Overloaded(
-                    f"KV-cache pool is full: session needs {tokens} tokens, "
-                    f"{self.capacity_tokens - self._reserved} of {self.capacity_tokens} free"
-                )
-            self._reserved += tokens
-        try:
-            cache = build()
-        except BaseException:
-            with self._lock:
-                self._reserved -= tokens
-            raise
-        with self._lock:
-            self._sessions[session_id] = (cache, tokens)
-        return cache
+    def give_back(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
 
-    def get(self, session_id: str) -> SpanCache:
-        """Raises SessionNotFound (NOT_FOUND on the wire) for a session this peer does not hold."""
-        with self._lock:
-            entry = self._sessions.get(session_id)
-        if entry is None:
-            raise SessionNotFound(f"session {session_id!r} is not open on this peer")
-        return entry[0]
 
-    def release(self, session_id: str) -> None:
-        with self._lock:
-            entry = self._sessions.pop(session_id, None)
-            if entry is not None:
-                self._reserved -= entry[1]
+@dataclass(slots=True)
+class Sequence:
+    """One sequence's page table: token t lives in slot pages[t // page_size] * page_size + t % page_size."""
+
+    pages: list[int] = field(default_factory=list)
+    length: int = 0  # tokens held
+
+    def pages_needed(self, length: int, page_size: int) -> int:
+        """Pages to take before the sequence can hold `length` tokens."""
+        return max(math.ceil(length / page_size) - len(self.pages), 0)
+
+    def grow(self, pool: PagePool, length: int) -> None:
+        """Take the pages `length` tokens need; raises Overloaded (taking nothing) when the pool lacks them."""
+        self.pages.extend(pool.take(self.pages_needed(length, pool.page_size)))
+
+    def truncate(self, pool: PagePool, length: int) -> None:
+        """Keep the first `length` tokens (a rollback); pages past them go back to the pool."""
+        keep = math.ceil(length / pool.page_size)
+        if keep < len(self.pages):
+            pool.give_back(self.pages[keep:])
+            del self.pages[keep:]
+        self.length = min(self.length, length)
+
+    def release(self, pool: PagePool) -> None:
+        self.truncate(pool, 0)

@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class PeerMetrics:
@@ -36,14 +37,39 @@ class PeerMetrics:
             ["limit"],
             **labels,
         )
+        self.batch_sequences = Histogram(
+            "swarm_engine_batch_sequences",
+            "Sequences run together in one engine iteration",
+            buckets=BATCH_BUCKETS,
+            **labels,
+        )
+        self.batch_tokens = Histogram(
+            "swarm_engine_batch_tokens", "Tokens computed in one engine iteration", buckets=BATCH_BUCKETS, **labels
+        )
+        self.iteration_seconds = Histogram(
+            "swarm_engine_iteration_seconds", "Time of one engine iteration", buckets=LATENCY_BUCKETS, **labels
+        )
+        self.preemptions = Counter(
+            "swarm_engine_preemptions", "Sessions preempted because the KV cache ran out of pages", **labels
+        )
+        self.idle_closes = Counter(
+            "swarm_engine_idle_closes", "Sessions closed after --session-idle-s without a step", **labels
+        )
+        self.kv_pages_used = Gauge("swarm_kv_pages_used", "KV-cache pages held by sessions", **labels)
+        self.kv_pages_free = Gauge("swarm_kv_pages_free", "KV-cache pages free", **labels)
         self.queue_length = Gauge("swarm_queue_length", "Tasks waiting for compute", **labels)
-        self.cache_tokens_in_use = Gauge("swarm_cache_tokens_in_use", "KV-cache tokens reserved", **labels)
+        self.cache_tokens_in_use = Gauge("swarm_cache_tokens_in_use", "KV-cache tokens held (whole pages)", **labels)
         self.cache_tokens_total = Gauge("swarm_cache_tokens_total", "KV-cache pool size in tokens", **labels)
         self.open_sessions = Gauge("swarm_open_sessions", "Inference sessions open", **labels)
         self.forward_tokens_per_s = Gauge("swarm_forward_tokens_per_second", "Measured forward throughput", **labels)
         self.inference_steps_per_s = Gauge("swarm_inference_steps_per_second", "Measured step rate", **labels)
         self.info = Gauge("swarm_peer_info", "Constant 1, labelled with the peer's identity", ["peer_id"], **labels)
         self.info.labels(peer_id=peer_id).set(1)
+
+    def iteration(self, sequences: int, tokens: int, seconds: float) -> None:
+        self.batch_sequences.observe(sequences)
+        self.batch_tokens.observe(tokens)
+        self.iteration_seconds.observe(seconds)
 
     def tensor(self, direction: str, raw_bytes: int, wire_bytes: int) -> None:
         self.bytes.labels(direction=direction, kind="raw").inc(raw_bytes)

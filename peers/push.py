@@ -68,6 +68,11 @@ class Inbox:
         except queue.Full:
             raise Overloaded(f"the session's inbox is full ({INBOX_MESSAGES} messages waiting)") from None
 
+    def fail(self, error: BaseException) -> None:
+        """End the session with `error` (the engine preempted it or closed it for idleness): the serving loop raises
+        it once it has taken what came before."""
+        self._put(error)
+
     def close(self) -> None:
         """The serving loop is done: stop reading and let the reader thread go."""
         self._closed.set()
@@ -97,6 +102,13 @@ class Inboxes:
     def remove(self, session_id: str) -> None:
         with self._lock:
             self._inboxes.pop(session_id, None)
+
+    def fail(self, session_id: str, error: BaseException) -> None:
+        """End that session's stream with `error`, if it is still open."""
+        with self._lock:
+            inbox = self._inboxes.get(session_id)
+        if inbox is not None:
+            inbox.fail(error)
 
     def deliver(self, session_id: str, step: pb.InferenceStep) -> None:
         """Raises SessionNotFound (NOT_FOUND) when no open session has this id."""

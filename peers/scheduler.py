@@ -1,42 +1,25 @@
-"""Decides what the peer computes next: inference steps before forward/backward, compatible forwards batched.
+"""Decides what the engine computes next; never touches tensors or pages.
 
-One worker thread runs every task, so compute never oversubscribes the cores and the queue length is a true
-measure of load. Never touches tensors: handlers receive the payloads of the tasks it groups.
+Inference first: each iteration takes every session's ready step under a token budget, single-token steps before
+multi-token ones, and cuts long steps (prefills, replays) into chunks so that no iteration runs longer than the
+budget allows. Forward and backward tasks (training, fine-tuning) wait in a queue and run when no step is ready,
+forwards of the same shape merged into one batch. Called by peers/engine.py under its lock.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
-import logging
-import threading
-import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
-
-from swarm.errors import PeerUnavailable
-
-logger = logging.getLogger(__name__)
 
 
 class TaskKind(enum.IntEnum):
     INFERENCE = 0  # latency-bound: always first
     FORWARD = 1
     BACKWARD = 2
-
-
-Handler = Callable[[list[Any]], list[Any]]  # payloads of one group -> one result per payload
-
-
-@dataclass(slots=True, eq=False)  # identity equality: deque.remove must never compare payloads (tensors)
-class _Task:
-    kind: TaskKind
-    payload: Any
-    tokens: int
-    batch_key: Hashable | None
-    future: Future = field(default_factory=Future)
 
 
 class RateMeter:
@@ -46,69 +29,85 @@ class RateMeter:
         self.smoothing = smoothing
         self.rate = 0.0
 
-    def record(self, units: int, seconds: float) -> None:
+    def record(self, units: float, seconds: float) -> None:
         if seconds <= 0 or units <= 0:
             return
         sample = units / seconds
         self.rate = sample if self.rate == 0 else (1 - self.smoothing) * self.rate + self.smoothing * sample
 
 
-class Scheduler:
-    """A priority queue with one worker thread. `submit` returns a Future of the handler's result."""
+class MovingAverage:
+    """An exponential moving average of samples (0 before the first)."""
 
-    def __init__(self, handlers: Mapping[TaskKind, Handler], max_batch_tokens: int) -> None:
-        self._handlers = dict(handlers)
+    def __init__(self, smoothing: float = 0.2) -> None:
+        self.smoothing = smoothing
+        self.value = 0.0
+        self._seen = False
+
+    def record(self, sample: float) -> None:
+        self.value = sample if not self._seen else (1 - self.smoothing) * self.value + self.smoothing * sample
+        self._seen = True
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A step waiting for compute, as the scheduler sees it."""
+
+    key: Any  # the engine's handle, returned in the chunk
+    rows: int  # sequences of the session
+    remaining: int  # tokens per sequence still to run
+    order: float  # lower goes first among steps of its kind (admission order of the session)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    key: Any
+    tokens: int  # per sequence, this iteration
+
+
+def plan_iteration(ready: Iterable[Ready], budget: int) -> list[Chunk]:
+    """The chunks of one iteration: single-token steps (decode) first, then the others, each in `order`, while
+    rows x tokens stay within `budget`. A multi-token step that does not fit whole runs its first tokens now."""
+    decode, others = [], []
+    for step in ready:
+        (decode if step.remaining == 1 else others).append(step)
+    chunks, left = [], budget
+    for step in sorted(decode, key=lambda s: s.order) + sorted(others, key=lambda s: s.order):
+        tokens = min(step.remaining, left // step.rows)
+        if tokens >= 1:
+            chunks.append(Chunk(step.key, tokens))
+            left -= tokens * step.rows
+    return chunks
+
+
+@dataclass(slots=True, eq=False)  # identity equality: deque.remove must never compare payloads (tensors)
+class Task:
+    kind: TaskKind
+    payload: Any
+    tokens: int
+    batch_key: Hashable | None
+    future: Future = field(default_factory=Future)
+
+
+class TaskQueue:
+    """Forward and backward tasks in arrival order; `next_group` takes the next one with its batch partners."""
+
+    def __init__(self, max_batch_tokens: int) -> None:
         self.max_batch_tokens = max_batch_tokens
-        self._queues: dict[TaskKind, collections.deque[_Task]] = {kind: collections.deque() for kind in TaskKind}
-        self._cond = threading.Condition()
-        self._closed = False
-        self.meters = {kind: RateMeter() for kind in TaskKind}
-        self.tokens_total = {kind: 0 for kind in TaskKind}  # tokens computed since start, for Prometheus counters
-        self.busy_s_total = {kind: 0.0 for kind in TaskKind}  # seconds the worker spent computing
-        self._worker = threading.Thread(target=self._run, name="peer-scheduler", daemon=True)
-        self._worker.start()
+        self._queues: dict[TaskKind, collections.deque[Task]] = {kind: collections.deque() for kind in TaskKind}
 
-    @property
-    def queue_length(self) -> int:
-        with self._cond:
-            return sum(len(q) for q in self._queues.values())
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues.values())
 
-    def submit(self, kind: TaskKind, payload: Any, tokens: int, batch_key: Hashable | None = None) -> Future:
-        """Queue a task; tasks of the same kind and batch_key may run together in one handler call."""
-        task = _Task(kind, payload, tokens, batch_key)
-        with self._cond:
-            if self._closed:
-                raise PeerUnavailable("peer is shutting down and accepts no new work")
-            self._queues[kind].append(task)
-            self._cond.notify()
-        return task.future
+    def add(self, task: Task) -> None:
+        self._queues[task.kind].append(task)
 
-    def close(self, timeout_s: float) -> bool:
-        """Stop accepting work, finish what is queued within `timeout_s`; True if the worker finished."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._worker.join(timeout_s)
-        return not self._worker.is_alive()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and not any(self._queues.values()):
-                    self._cond.wait()
-                if self._closed and not any(self._queues.values()):
-                    return
-                group = self._next_group()
-            try:
-                self._execute(group)
-            except BaseException as error:  # never let the worker die: fail this group and go on
-                logger.exception("scheduler worker caught an error")
-                for task in group:
-                    if not task.future.done():
-                        task.future.set_exception(error)
-
-    def _next_group(self) -> list[_Task]:
-        kind = next(k for k in TaskKind if self._queues[k])
+    def next_group(self) -> list[Task]:
+        """Tasks of the first non-empty kind that may run as one call: the oldest, plus those with its batch_key
+        while their tokens fit the budget. Empty when nothing waits."""
+        kind = next((k for k in TaskKind if self._queues[k]), None)
+        if kind is None:
+            return []
         queue = self._queues[kind]
         first = queue.popleft()
         group, tokens = [first], first.tokens
@@ -120,19 +119,3 @@ class Scheduler:
                 group.append(task)
                 tokens += task.tokens
         return group
-
-    def _execute(self, group: list[_Task]) -> None:
-        kind = group[0].kind
-        started = time.perf_counter()
-        try:
-            results = self._handlers[kind]([task.payload for task in group])
-        except BaseException as error:  # the caller gets the error; the worker keeps serving
-            for task in group:
-                task.future.set_exception(error)
-            return
-        elapsed, tokens = time.perf_counter() - started, sum(task.tokens for task in group)
-        self.meters[kind].record(1 if kind is TaskKind.INFERENCE else tokens, elapsed)
-        self.tokens_total[kind] += tokens
-        self.busy_s_total[kind] += elapsed
-        for task, result in zip(group, results, strict=True):
-            task.future.set_result(result)

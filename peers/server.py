@@ -13,11 +13,13 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from peers.backend import ForwardJob, SpanBackend
+from peers.engine import Engine, EngineConfig
 from peers.handlers import SERVICE_NAME, add_peer_service
-from peers.kv_cache import CachePool
+from peers.kv_cache import PagePool, PoolShape
 from peers.limits import LimitsConfig, stream_bytes_for
 from peers.metrics import PeerMetrics
-from peers.scheduler import Scheduler, TaskKind
+from peers.model_runner import ModelRunner
+from peers.scheduler import TaskKind
 from peers.service import PeerService, ServiceConfig
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import CredentialsError
@@ -25,6 +27,15 @@ from swarm.partition import BlockSpan
 from swarm.security import SwarmCredentials
 
 RESERVED_RPC_THREADS = 8  # kept free of inference streams for Push, Forward, Info and Health
+# Keepalive: pings on idle connections find peers and clients that vanished without closing (a host gone, a cable
+# pulled), so their streams end and their sessions give their pages back.
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +44,23 @@ class ServerConfig:
     port: int = 0  # 0: any free port
     max_message_bytes: int = 4 << 20  # gRPC's own default; bigger tensors are chunked on the stream RPCs
     max_request_tokens: int = 8192  # batch x seq of one request
-    max_batch_tokens: int = 8192  # tokens the scheduler merges into one forward
-    cache_tokens: int = 65536  # KV-cache pool size, in tokens (batch x max_length summed over sessions)
+    max_batch_tokens: int = 2048  # tokens one engine iteration (or one merged forward) computes at most
+    cache_tokens: int = 65536  # KV-cache pool size in tokens, allocated at start as pages of page_size tokens
+    page_size: int = 16  # tokens per KV page
     max_session_length: int = 8192
-    rpc_threads: int = 32  # concurrent RPCs (each open inference stream holds one)
+    session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
+    rpc_threads: int = 600  # concurrent RPCs (each open inference stream holds one)
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
     output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
     # SwarmCredentials.load(DIR) for a private swarm, SwarmCredentials.open() for an open one; None refuses to serve
     credentials: SwarmCredentials | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_tokens", "max_batch_tokens", "cache_tokens", "page_size", "max_session_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.session_idle_s <= 0:
+            raise ValueError(f"session_idle_s must be positive, got {self.session_idle_s}")
 
 
 class PeerServer:
@@ -51,15 +71,17 @@ class PeerServer:
         if config.credentials is None:
             raise CredentialsError("no swarm credentials: pass SwarmCredentials.load(DIR) or SwarmCredentials.open()")
         self.config = config
+        self.metrics = PeerMetrics(peer_id)
         self.backend = SpanBackend(span, config.max_request_tokens)
-        self.pool = CachePool(config.cache_tokens)
-        self.scheduler = Scheduler(
+        self.pool = PagePool(pool_shape(span, config), span.dtype, span.device)
+        self.engine = Engine(
+            ModelRunner(span, self.pool),
             {
                 TaskKind.FORWARD: self.backend.forward,
                 TaskKind.BACKWARD: lambda jobs: [self.backend.backward(*job) for job in jobs],
-                TaskKind.INFERENCE: lambda jobs: [self.backend.inference_step(*job) for job in jobs],
             },
-            max_batch_tokens=config.max_batch_tokens,
+            EngineConfig(config.max_batch_tokens, config.session_idle_s),
+            self.metrics,
         )
         service = ServiceConfig(
             peer_id,
@@ -74,14 +96,14 @@ class PeerServer:
             output_noise_std=config.output_noise_std,
             credentials=config.credentials,
         )
-        self.metrics = PeerMetrics(peer_id)
-        self.service = PeerService(self.backend, self.scheduler, self.pool, service, self.metrics)
+        self.service = PeerService(self.backend, self.engine, service, self.metrics)
         self._bind_gauges()
         self.health = health.HealthServicer()
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *KEEPALIVE_OPTIONS,
         ]
         self._server = config.credentials.server(config.rpc_threads, options)
         add_peer_service(self.service, self._server)
@@ -100,11 +122,14 @@ class PeerServer:
         span = self.backend.span
         hidden = torch.randn(1, tokens, span.cfg.hidden_size, dtype=span.dtype, device=span.device)
         blocks = range(span.start, span.end)
-        self.scheduler.submit(TaskKind.FORWARD, ForwardJob(hidden, 0, blocks), tokens=tokens).result()
-        cache = span.new_cache(1, steps)
-        for position in range(steps):
-            payload = (cache, hidden[:, :1], position, blocks)
-            self.scheduler.submit(TaskKind.INFERENCE, payload, tokens=1).result()
+        self.engine.submit(TaskKind.FORWARD, ForwardJob(hidden, 0, blocks), tokens=tokens).result()
+        session_id = "throughput-measurement"
+        self.engine.open(session_id, blocks, batch_size=1, max_length=steps)
+        try:
+            for position in range(steps):
+                self.engine.step(session_id, hidden[:, :1], position).result()
+        finally:
+            self.engine.close(session_id)
 
     def drain(self, grace_s: float) -> bool:
         """Refuse new sessions, let in-flight work finish within `grace_s`, then stop. True if all finished."""
@@ -112,39 +137,46 @@ class PeerServer:
         self.service.state = pb.PEER_STATE_DRAINING
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         # Keep answering while sessions finish, so that new ones get a clear UNAVAILABLE ("peer is DRAINING").
-        while (self.pool.open_sessions or self.scheduler.queue_length) and time.monotonic() < deadline:
+        while (self.engine.open_sessions or self.engine.queue_length) and time.monotonic() < deadline:
             time.sleep(0.05)
         remaining = max(deadline - time.monotonic(), 0.0)
         finished = self._server.stop(remaining).wait(remaining + 1.0)
         settle = time.monotonic() + 1.0  # handlers release their sessions in `finally`, just after stop()
-        while self.pool.open_sessions and time.monotonic() < settle:
+        while self.engine.open_sessions and time.monotonic() < settle:
             time.sleep(0.02)
         self.service.pusher.close()
-        return self.scheduler.close(timeout_s=1.0) and finished and not self.pool.open_sessions
+        return self.engine.shutdown(timeout_s=1.0) and finished and not self.engine.open_sessions
 
     def stop(self) -> None:
         self._server.stop(0).wait(5.0)
-        self.scheduler.close(timeout_s=5.0)
+        self.engine.shutdown(timeout_s=5.0)
         self.service.pusher.close()
 
     def _bind_gauges(self) -> None:
-        m, meters = self.metrics, self.scheduler.meters
+        m, engine, pool = self.metrics, self.engine, self.pool
         m.bind_gauges(
             {
-                m.queue_length: lambda: self.scheduler.queue_length,
-                m.cache_tokens_in_use: lambda: self.pool.tokens_in_use,
-                m.cache_tokens_total: lambda: self.pool.capacity_tokens,
-                m.open_sessions: lambda: self.pool.open_sessions,
-                m.forward_tokens_per_s: lambda: meters[TaskKind.FORWARD].rate,
-                m.inference_steps_per_s: lambda: meters[TaskKind.INFERENCE].rate,
+                m.queue_length: lambda: engine.queue_length,
+                m.cache_tokens_in_use: lambda: pool.tokens_total - pool.tokens_free,
+                m.cache_tokens_total: lambda: pool.tokens_total,
+                m.kv_pages_used: lambda: pool.pages_used,
+                m.kv_pages_free: lambda: pool.pages_free,
+                m.open_sessions: lambda: engine.open_sessions,
+                m.forward_tokens_per_s: lambda: engine.meters[TaskKind.FORWARD].rate,
+                m.inference_steps_per_s: lambda: engine.meters[TaskKind.INFERENCE].rate,
             }
         )
-        scheduler = self.scheduler
         m.bind_compute_totals(
-            lambda: {kind.name.lower(): total for kind, total in scheduler.tokens_total.items()},
-            lambda: {kind.name.lower(): total for kind, total in scheduler.busy_s_total.items()},
+            lambda: {kind.name.lower(): total for kind, total in engine.tokens_total.items()},
+            lambda: {kind.name.lower(): total for kind, total in engine.busy_s_total.items()},
         )
 
     def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
             self.health.set(name, status)
+
+
+def pool_shape(span: BlockSpan, config: ServerConfig) -> PoolShape:
+    """Pages for `config.cache_tokens` tokens (rounded up to whole pages) of every block of the span."""
+    pages = -(-config.cache_tokens // config.page_size)
+    return PoolShape(span.end - span.start, pages, config.page_size, span.cfg.num_kv_heads, span.cfg.head_dim)

@@ -1,6 +1,6 @@
-"""The peer's gRPC servicer: decode -> validate -> schedule -> encode, with the one error table applied.
+"""The peer's gRPC servicer: decode -> validate -> hand to the engine -> encode, with the one error table applied.
 
-Below this module there are no gRPC types: the backend sees tensors, the scheduler sees payloads.
+Below this module there are no gRPC types: the engine sees sessions and tensors, the scheduler sees token counts.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import grpc
 import torch
 
 from peers.backend import ForwardJob, SpanBackend
+from peers.engine import Engine
 from peers.handlers import Unparsable, parsed
-from peers.kv_cache import CachePool
 from peers.limits import Admission, LimitsConfig, SessionBudget, StreamBudget, client_key
 from peers.metrics import PeerMetrics
 from peers.push import Inbox, Inboxes, Pusher
-from peers.scheduler import Scheduler, TaskKind
+from peers.scheduler import TaskKind
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
@@ -114,15 +114,14 @@ def answers_errors(method: Callable) -> Callable:
 
 
 class PeerService(pb_grpc.PeerServicer):
-    def __init__(
-        self, backend: SpanBackend, scheduler: Scheduler, pool: CachePool, config: ServiceConfig, metrics: PeerMetrics
-    ) -> None:
-        self.backend, self.scheduler, self.pool, self.config = backend, scheduler, pool, config
+    def __init__(self, backend: SpanBackend, engine: Engine, config: ServiceConfig, metrics: PeerMetrics) -> None:
+        self.backend, self.engine, self.config = backend, engine, config
         self.metrics = metrics
         self.admission = Admission(config.limits)
         self.state: int = pb.PEER_STATE_JOINING
         self.inboxes = Inboxes()
         self.pusher = Pusher(config.max_message_bytes, config.credentials)
+        engine.on_lost = self.inboxes.fail  # preempted or idle: the session's stream ends with that error
 
     # ---- stateless compute ----
 
@@ -160,7 +159,7 @@ class PeerService(pb_grpc.PeerServicer):
         self.backend.check_position(request.position, hidden.shape[1])
         job = ForwardJob(hidden, int(request.position), blocks)
         key = (blocks.start, blocks.stop, job.position, hidden.shape[1], hidden.dtype)
-        future = self.scheduler.submit(TaskKind.FORWARD, job, tokens=hidden.shape[0] * hidden.shape[1], batch_key=key)
+        future = self.engine.submit(TaskKind.FORWARD, job, tokens=hidden.shape[0] * hidden.shape[1], batch_key=key)
         return future.result(), self._response_codec(request.response_codec, tensor)
 
     def _backward(
@@ -172,7 +171,7 @@ class PeerService(pb_grpc.PeerServicer):
         grads = self._decode_checked(grad_msg, "grad_outputs")
         self.backend.check_position(request.position, hidden.shape[1])
         payload = (hidden, grads, int(request.position), blocks)
-        future = self.scheduler.submit(TaskKind.BACKWARD, payload, tokens=hidden.shape[0] * hidden.shape[1])
+        future = self.engine.submit(TaskKind.BACKWARD, payload, tokens=hidden.shape[0] * hidden.shape[1])
         return future.result(), self._response_codec(request.response_codec, grad_msg)
 
     # ---- inference sessions ----
@@ -185,15 +184,15 @@ class PeerService(pb_grpc.PeerServicer):
             raise InvalidRequest("an inference stream must start with an `open` message")
         client = client_key(context)
         with self.admission.session(client) as budget:
-            session_id, blocks, choice = self._open_session(opening.open)
+            session_id, choice = self._open_session(opening.open)
             inbox = Inbox(requests)
             self.inboxes.add(session_id, inbox)
             try:
-                yield from self._serve_steps(session_id, blocks, choice, inbox, _Steps(client, budget))
+                yield from self._serve_steps(session_id, choice, inbox, _Steps(client, budget))
             finally:
                 inbox.close()
                 self.inboxes.remove(session_id)
-                self.pool.release(session_id)
+                self.engine.close(session_id)
 
     @answers_errors
     def Push(self, request: pb.PushRequest, context: grpc.ServicerContext) -> pb.PushResponse:
@@ -206,7 +205,7 @@ class PeerService(pb_grpc.PeerServicer):
         self.inboxes.deliver(request.session_id, request.step)
         return pb.PushResponse()
 
-    def _open_session(self, opening: pb.InferenceOpen) -> tuple[str, range, pb.CodecChoice]:
+    def _open_session(self, opening: pb.InferenceOpen) -> tuple[str, pb.CodecChoice]:
         _check_version(opening.protocol_version)
         if self.state != pb.PEER_STATE_ONLINE:
             raise PeerUnavailable(f"peer is {STATE_NAMES.get(self.state, self.state)} and opens no new sessions")
@@ -218,19 +217,14 @@ class PeerService(pb_grpc.PeerServicer):
         if opening.batch_size < 1:
             raise InvalidRequest(f"batch_size must be >= 1, got {opening.batch_size}")
         choice = self._response_codec(opening.response_codec, None)  # before reserving anything
-        if self.pool.open_sessions >= self.config.max_sessions:
+        if self.engine.open_sessions >= self.config.max_sessions:
             raise Overloaded(f"peer holds its maximum of {self.config.max_sessions} open sessions")
-        tokens = opening.batch_size * opening.max_length
-        span = self.backend.span
-        self.pool.allocate(
-            opening.session_id, tokens, lambda: span.new_cache(opening.batch_size, opening.max_length, blocks)
-        )
-        return opening.session_id, blocks, choice
+        self.engine.open(opening.session_id, blocks, opening.batch_size, opening.max_length)
+        return opening.session_id, choice
 
     def _serve_steps(
-        self, session_id: str, blocks: range, choice: pb.CodecChoice, inbox: Inbox, steps: _Steps
+        self, session_id: str, choice: pb.CodecChoice, inbox: Inbox, steps: _Steps
     ) -> Iterator[pb.InferenceResponse]:
-        cache = self.pool.get(session_id)
         chunks: dict[tuple[str, int], list[pb.Tensor]] = {}
         held = StreamBudget(self.config.stream_bytes, f"session {session_id}'s unfinished chunked steps")
         done: set[int] = set()  # at most one per token of the session (bounded by session_tokens)
@@ -249,15 +243,14 @@ class PeerService(pb_grpc.PeerServicer):
             hidden = self._decode_checked(join(parts), "hidden_states")
             steps.admit(self.admission, hidden.shape[0] * hidden.shape[1])
             started = time.perf_counter()
-            payload = (cache, hidden, int(step.position), blocks)
-            output = self.scheduler.submit(TaskKind.INFERENCE, payload, tokens=hidden.shape[0] * hidden.shape[1])
-            encoded = self._encode(output.result(), choice)
+            output = self.engine.step(session_id, hidden, int(step.position)).result()
+            encoded = self._encode(output, choice)
             self.metrics.latency.labels(rpc="Inference").observe(time.perf_counter() - started)
             done.add(step.step_id)
             pushed = self.pusher.push(list(step.push_to), step.step_id, step.position, encoded)
             for chunk in split(encoded, self.config.max_message_bytes):
                 yield pb.InferenceResponse(
-                    step_id=step.step_id, position=cache.length, hidden_states=chunk, pushed=pushed
+                    step_id=step.step_id, position=step.position + hidden.shape[1], hidden_states=chunk, pushed=pushed
                 )
 
     # ---- info and health ----
@@ -275,11 +268,11 @@ class PeerService(pb_grpc.PeerServicer):
             hidden_size=span.cfg.hidden_size,
             dtype=TORCH_TO_WIRE_DTYPE[span.dtype],
             state=self.state,
-            forward_tokens_per_s=self.scheduler.meters[TaskKind.FORWARD].rate,
-            inference_steps_per_s=self.scheduler.meters[TaskKind.INFERENCE].rate,
-            queue_length=self.scheduler.queue_length,
-            cache_tokens_free=self.pool.tokens_free,
-            cache_tokens_total=self.pool.capacity_tokens,
+            forward_tokens_per_s=self.engine.meters[TaskKind.FORWARD].rate,
+            inference_steps_per_s=self.engine.meters[TaskKind.INFERENCE].rate,
+            queue_length=self.engine.queue_length,
+            cache_tokens_free=self.engine.pool.tokens_free,
+            cache_tokens_total=self.engine.pool.tokens_total,
             max_message_bytes=self.config.max_message_bytes,
             codecs=[int(c) for c in CODECS],
         )

@@ -54,12 +54,14 @@ class PeerInfo:
     span: Span
     state: PeerState
     forward_tokens_per_s: float = 0.0  # measured by the peer itself
-    inference_steps_per_s: float = 0.0
+    inference_steps_per_s: float = 0.0  # engine iterations per second at the current batch size (1 / iteration_ms)
     queue_length: int = 0
-    cache_tokens_free: int = 0
+    cache_tokens_free: int = 0  # free KV pages, in tokens
     metrics_address: str = ""  # host:port of its Prometheus /metrics, "" if none
     model: str = ""
     total_blocks: int = 0  # blocks in the whole model, so readers can tell which are not served
+    batch_size: float = 0.0  # sequences per engine iteration (moving average): how busy its batches are
+    iteration_ms: float = 0.0  # measured time of one engine iteration at that batch size
 
 
 @dataclass(frozen=True, slots=True)

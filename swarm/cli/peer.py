@@ -73,6 +73,13 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="gRPC port (default: any free port)")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (default: any free port)")
     parser.add_argument("--cache-tokens", type=int, default=65536, help="KV-cache pool size in tokens")
+    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=2048, help="tokens one engine iteration computes at most"
+    )
+    parser.add_argument(
+        "--session-idle-s", type=float, default=300.0, help="close a session after this many seconds without a step"
+    )
     parser.add_argument("--ttl", type=float, default=30.0, help="seconds a record lives without a refresh")
     parser.add_argument("--announce-period", type=float, default=None, help="refresh period (default: ttl / 3)")
     parser.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight work gets on SIGTERM")

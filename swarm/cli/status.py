@@ -40,12 +40,12 @@ def render(model: str, peers: list[PeerInfo]) -> str:
     """The status table and the coverage line for one model."""
     lines = [f"model {model}: {len(peers)} peer(s)"]
     header = f"{'peer':<17} {'address':<22} {'blocks':<10} {'state':<9} {'fwd tok/s':>10} {'steps/s':>8} "
-    lines.append(header + f"{'queue':>6} {'cache free':>11}")
+    lines.append(header + f"{'queue':>6} {'batch':>6} {'iter ms':>8} {'cache free':>11}")
     for p in peers:
         lines.append(
             f"{p.peer_id:<17} {p.address or '-':<22} {p.span!s:<10} {p.state.value:<9} "
             f"{p.forward_tokens_per_s:>10.1f} {p.inference_steps_per_s:>8.1f} {p.queue_length:>6} "
-            f"{p.cache_tokens_free:>11}"
+            f"{p.batch_size:>6.1f} {p.iteration_ms:>8.1f} {p.cache_tokens_free:>11}"
         )
     lines.append(coverage(peers))
     return "\n".join(lines)

@@ -32,6 +32,7 @@ from swarm.errors import (
     MissingBlocks,
     Overloaded,
     PeerUnavailable,
+    SessionLost,
     SwarmError,
     WrongSpan,
     error_for,
@@ -269,7 +270,8 @@ class InferenceSession:
                 self.metrics.bad_outputs[error.check].inc()
             if self.failovers > self.max_failovers:
                 raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
-            if isinstance(error, Overloaded | WrongSpan):  # alive but full, or moved: step aside, no escalating ban
+            # Alive but full (or preempted for pages), moved, or closed our idle session: step aside, no escalation.
+            if isinstance(error, Overloaded | WrongSpan | SessionLost):
                 backoff = self.router.bans.pause(culprit, OVERLOADED_PAUSE_S)
             else:
                 backoff = self.router.bans.ban(culprit)

@@ -73,6 +73,8 @@ def _model_json(model: ModelView) -> dict:
                 "inference_steps_per_s": round(p.inference_steps_per_s, 2),
                 "queue_length": p.queue_length,
                 "cache_tokens_free": p.cache_tokens_free,
+                "batch_size": round(p.batch_size, 2),
+                "iteration_ms": round(p.iteration_ms, 2),
             }
             for p in model.peers
         ],

@@ -1,13 +1,14 @@
 """Llama-family transformer blocks (Llama, Mistral without sliding window, Qwen2, SmolLM), written for spans.
 
 Module and parameter names match Hugging Face's `model.layers.{i}.*`, so a block loads its slice of the
-checkpoint directly. Unlike HF's layers, a block takes an explicit position offset and a preallocated KV slot,
-which is what a peer serving sessions needs.
+checkpoint directly. Unlike HF's layers, a block takes its rotary tables from the caller and leaves keys and values
+to a `KVLayer`: a session's contiguous cache (span.py) or a peer's pages shared by a ragged batch (peers/).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -107,8 +108,11 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, position: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: [length, head_dim] for positions position .. position + length - 1."""
-        positions = torch.arange(position, position + length, device=self.inv_freq.device, dtype=torch.float32)
-        freqs = torch.outer(positions, self.inv_freq)
+        return self.at(torch.arange(position, position + length, device=self.inv_freq.device), dtype)
+
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [tokens, head_dim] for any absolute positions [tokens] (a ragged batch's, token by token)."""
+        freqs = torch.outer(positions.to(device=self.inv_freq.device, dtype=torch.float32), self.inv_freq)
         angles = torch.cat([freqs, freqs], dim=-1)
         return (angles.cos() * self.scaling).to(dtype), (angles.sin() * self.scaling).to(dtype)
 
@@ -118,7 +122,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-second, first], dim=-1)
 
 
-KVSlot = tuple[torch.Tensor, torch.Tensor]  # keys, values: [batch, kv_heads, max_length, head_dim]
+class KVLayer(Protocol):
+    """Where one block keeps its keys and values, and how its new tokens attend to them."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store the new tokens' k, v [batch, kv_heads, new, head_dim] and return the attention of q
+        [batch, heads, new, head_dim] over everything the layer holds, causally: [batch, heads, new, head_dim]."""
 
 
 class Attention(nn.Module):
@@ -130,26 +139,23 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: int, slot: KVSlot | None
-    ) -> torch.Tensor:
-        batch, length, _ = x.shape  # x: [batch, seq, hidden]
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVLayer | None) -> torch.Tensor:
+        """x: [batch, seq, hidden]; cos, sin: [seq, head_dim]. Without `kv` the tokens attend only to each other."""
+        batch, length, _ = x.shape
         cfg = self.cfg
         q = self.q_proj(x).view(batch, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        if slot is not None:
-            keys, values = slot
-            keys[:, :, position : position + length] = k
-            values[:, :, position : position + length] = v
-            k, v = keys[:, :, : position + length], values[:, :, : position + length]
-        out = _causal_attention(q, k, v, enable_gqa=cfg.num_kv_heads != cfg.num_heads)
+        if kv is not None:
+            out = kv.attend(q, k, v)
+        else:
+            out = causal_attention(q, k, v, enable_gqa=cfg.num_kv_heads != cfg.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, cfg.num_heads * cfg.head_dim))
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
     """q: [batch, heads, new, dim] attends to k, v: [batch, kv_heads, past + new, dim], causally."""
     new, total = q.shape[2], k.shape[2]
     if new == 1:
@@ -182,7 +188,7 @@ class LlamaBlock(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: int, slot: KVSlot | None = None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVLayer | None = None
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, position, slot)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,10 +1,13 @@
-"""A span of consecutive transformer blocks [start, end) built from a checkpoint, and its KV cache.
+"""A span of consecutive transformer blocks [start, end) built from a checkpoint, and a contiguous KV cache for
+one session run locally (the demo, reference runs in tests; peers keep theirs in pages, peers/kv_cache.py).
 
-Peers (peers/backend.py) run spans; clients chain them. Loading reads only the span's tensors.
+Peers (peers/backend.py, peers/model_runner.py) run spans; clients chain them. Loading reads only the span's tensors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,7 +15,14 @@ from torch import nn
 
 from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
 from swarm.partition.config import open_checkpoint
-from swarm.partition.llama import BlockConfig, LlamaBlock, RotaryEmbedding, block_tensor_prefix
+from swarm.partition.llama import (
+    BlockConfig,
+    KVLayer,
+    LlamaBlock,
+    RotaryEmbedding,
+    block_tensor_prefix,
+    causal_attention,
+)
 
 
 class SpanCache:
@@ -38,8 +48,22 @@ class SpanCache:
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes
 
-    def slot(self, block_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys[block_offset], self.values[block_offset]
+    def layer(self, block_offset: int, position: int) -> KVLayer:
+        """The cache of one block, for new tokens that start at `position`."""
+        return _ContiguousLayer(self.keys[block_offset], self.values[block_offset], position)
+
+
+@dataclass(frozen=True, slots=True)
+class _ContiguousLayer:
+    keys: torch.Tensor  # [batch, kv_heads, max_length, head_dim]
+    values: torch.Tensor  # [batch, kv_heads, max_length, head_dim]
+    position: int  # of the first new token
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        end = self.position + k.shape[2]
+        self.keys[:, :, self.position : end] = k
+        self.values[:, :, self.position : end] = v
+        return causal_attention(q, self.keys[:, :, :end], self.values[:, :, :end], q.shape[1] != k.shape[1])
 
 
 class BlockSpan(nn.Module):
@@ -96,15 +120,28 @@ class BlockSpan(nn.Module):
             InvalidRequest: wrong shape, or a position/length the cache cannot hold.
             InvalidSpan: `blocks` is not within the span.
         """
-        blocks = self.sub_range(blocks)
         self._check_input(hidden, position, cache)
         hidden = hidden.to(device=self.device, dtype=self.dtype)
         cos, sin = self.rotary(position, hidden.shape[1], hidden.dtype)
-        for offset, index in enumerate(blocks):
-            slot = cache.slot(offset) if cache is not None else None
-            hidden = self.blocks[index - self.start](hidden, cos, sin, position, slot)
+        layers = (lambda offset: cache.layer(offset, position)) if cache is not None else None
+        hidden = self.run(hidden, cos, sin, layers, blocks)
         if cache is not None:
             cache.length = position + hidden.shape[1]
+        return hidden
+
+    def run(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: Callable[[int], KVLayer] | None,
+        blocks: range | None = None,
+    ) -> torch.Tensor:
+        """The blocks on hidden [batch, seq, hidden] already on the span's device and dtype, with rotary tables
+        cos, sin [seq, head_dim] and `kv(offset)`, the KV layer of the offset-th block run (None: no cache)."""
+        blocks = self.sub_range(blocks)
+        for offset, index in enumerate(blocks):
+            hidden = self.blocks[index - self.start](hidden, cos, sin, kv(offset) if kv is not None else None)
         return hidden
 
     def _check_input(self, hidden: torch.Tensor, position: int, cache: SpanCache | None) -> None:

@@ -81,7 +81,7 @@ def test_concurrent_sessions_and_forwards_all_get_their_own_results(peer_servers
     assert max(session_errors) <= 1e-4, session_errors
     # Concurrent forwards are batched together; a batch of 3 rounds differently from a batch of 1 in fp32.
     assert max(forward_errors) <= 1e-5, forward_errors
-    assert peer_servers[0].pool.open_sessions == 0
+    assert peer_servers[0].engine.open_sessions == 0
 
 
 def test_peer_errors_reach_the_client_as_typed_errors(peer_servers) -> None:
@@ -161,7 +161,7 @@ def test_concurrent_sessions_spread_over_replicas(replicas, peer_servers) -> Non
         for session in sessions:
             session.step(torch.randn(1, 2, 576))  # every session is now open on its peers
         for start in (0, 15):
-            counts = [s.pool.open_sessions for s in servers if s.backend.span.start == start]
+            counts = [s.engine.open_sessions for s in servers if s.backend.span.start == start]
             assert sum(counts) == 8 and max(counts) <= 2 * min(counts), counts
     finally:
         for session in sessions:

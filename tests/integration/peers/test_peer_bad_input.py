@@ -145,8 +145,8 @@ def test_bad_inference_gets_its_status_and_the_peer_keeps_serving(stubs, peer_se
         list(stubs[0].Inference(make_requests(), timeout=60))
     assert caught.value.code() == code, caught.value.details()
     assert message in caught.value.details()
-    assert peer_servers[0].pool.open_sessions == 0  # the failed session gave its cache back
-    assert peer_servers[0].pool.tokens_free == peer_servers[0].pool.capacity_tokens
+    assert peer_servers[0].engine.open_sessions == 0  # the failed session gave its cache back
+    assert peer_servers[0].pool.tokens_free == peer_servers[0].pool.tokens_total
     replies = list(stubs[0].Inference(session(uuid.uuid4().hex, [(0, torch.randn(1, 2, 576))]), timeout=60))
     assert len(replies) == 1
     assert_still_serving(stubs[0])

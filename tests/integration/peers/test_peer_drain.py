@@ -67,7 +67,7 @@ def test_drain_finishes_the_open_session_and_refuses_new_ones(smollm2_path: Path
         assert list(responses) == []
         drainer.join(20)
         assert drained == [True]
-        assert server.pool.open_sessions == 0
+        assert server.engine.open_sessions == 0
     finally:
         outgoing.put(None)
         channel.close()

@@ -39,7 +39,7 @@ NEVER = {grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_E
 
 @pytest.fixture(scope="module")
 def target(smollm2_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
-    process, address = peer_process.start(smollm2_path, "--blocks", "0:2", "--fuzz-limits")
+    process, address, _ = peer_process.start(smollm2_path, "--blocks", "0:2", "--fuzz-limits")
     yield process, address
     peer_process.stop(process)
 

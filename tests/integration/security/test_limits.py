@@ -122,7 +122,7 @@ def test_tokens_per_session(start_peer) -> None:
     steps = [torch.randn(1, 5, 576), torch.randn(1, 4, 576)]
     details = refused(lambda: list(stub(server).Inference(raw_session(steps), timeout=30)), "session_tokens")
     assert "has run 5 tokens; 4 more would pass the limit of 8" in details
-    assert server.pool.open_sessions == 0 and server.service.admission.open_sessions("ipv4:127.0.0.1") == 0
+    assert server.engine.open_sessions == 0 and server.service.admission.open_sessions("ipv4:127.0.0.1") == 0
 
 
 def test_bytes_per_stream(start_peer) -> None:

@@ -23,7 +23,7 @@ RSS_GROWTH_BOUND = 128 << 20
 
 @pytest.fixture
 def peer(smollm2_path: Path, request) -> Iterator[tuple[str, psutil.Process]]:
-    process, address = peer_process.start(smollm2_path, "--blocks", "0:2", *request.param)
+    process, address, _ = peer_process.start(smollm2_path, "--blocks", "0:2", *request.param)
     yield address, psutil.Process(process.pid)
     peer_process.stop(process)
 

@@ -7,7 +7,10 @@ import pytest
 from swarm.registry.records import InvalidRecord, from_dht, to_dht
 from swarm.types import PeerInfo, PeerState, Span
 
-INFO = PeerInfo("peer-a", "127.0.0.1:5000", Span(0, 15), PeerState.ONLINE, 120.5, 9.0, 2, 4096, "127.0.0.1:9000", "m")
+INFO = PeerInfo(
+    "peer-a", "127.0.0.1:5000", Span(0, 15), PeerState.ONLINE, 120.5, 9.0, 2, 4096, "127.0.0.1:9000", "m",
+    batch_size=12.5, iteration_ms=48.0,
+)  # fmt: skip
 
 
 def test_round_trip() -> None:
@@ -28,6 +31,8 @@ def test_unknown_extra_fields_are_tolerated() -> None:
         ("forward_tokens_per_s", math.nan, "finite"),
         ("forward_tokens_per_s", -3.0, "finite"),
         ("queue_length", True, "'queue_length'"),
+        ("batch_size", math.inf, "'batch_size'"),
+        ("iteration_ms", -1.0, "'iteration_ms'"),
         ("address", "", "'address'"),
         ("address", "x" * 1000, "'address'"),
     ],

@@ -1,0 +1,53 @@
+"""Runs one engine iteration: the pieces of many sessions as ONE forward of the span over a ragged, paged batch.
+
+Called by the engine's loop (peers/engine.py) with pages already taken for every new token; knows nothing of
+sessions, gRPC or Ray. Each sequence has its own position and length: decode steps, multi-token steps and chunks of
+prefills and replays ride in the same batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from peers.kv_cache import PagePool, Sequence
+from peers.paged_attention import PagedLayer, SequenceRows, build_batch
+from swarm.partition import BlockSpan
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A session's share of an iteration: new tokens of its sequences at one position."""
+
+    sequences: list[Sequence]  # one per row of `hidden`
+    hidden: torch.Tensor  # [batch, tokens, hidden]
+    position: int  # of the first new token
+
+
+class ModelRunner:
+    def __init__(self, span: BlockSpan, pool: PagePool) -> None:
+        self.span, self.pool = span, pool
+        self.group = span.cfg.num_heads // span.cfg.num_kv_heads
+
+    @torch.inference_mode()
+    def run(self, pieces: list[Piece], blocks: range) -> list[torch.Tensor]:
+        """Outputs [batch, tokens, hidden] of each piece through `blocks` (absolute indices within the span).
+
+        Keys and values are written to the sequences' pages; page tables and lengths stay the caller's to update.
+        """
+        span = self.span
+        rows = [
+            SequenceRows(sequence.pages, piece.position, piece.hidden.shape[1])
+            for piece in pieces
+            for sequence in piece.sequences
+        ]
+        batch = build_batch(rows, self.pool.page_size, self.group, span.device)
+        positions = torch.cat([torch.arange(row.position, row.position + row.length) for row in rows])
+        flat = torch.cat([piece.hidden.reshape(-1, piece.hidden.shape[-1]) for piece in pieces])
+        hidden = flat.to(device=span.device, dtype=span.dtype).unsqueeze(0)  # [1, tokens, hidden]
+        cos, sin = span.rotary.at(positions.to(span.device), hidden.dtype)
+        first = blocks.start - span.start
+        out = span.run(hidden, cos, sin, lambda offset: PagedLayer(self.pool, first + offset, batch), blocks)[0]
+        sizes = [piece.hidden.shape[0] * piece.hidden.shape[1] for piece in pieces]
+        return [part.view(piece.hidden.shape) for part, piece in zip(out.split(sizes), pieces, strict=True)]

@@ -1,0 +1,131 @@
+"""Causal attention for a ragged batch whose keys and values live in the peer's pages.
+
+The batch's tokens are flattened into one row, so every projection and MLP runs once for all sequences; only
+attention needs to know which tokens belong together. Single-token steps (decode) are gathered into one padded
+batch and attend with one kernel call per block; a multi-token piece (prefill, replay, a chunk of one) attends on
+its own. Grouped-query attention folds the query heads that share a KV head into the query length, so keys and
+values are never repeated: q [heads, L, d] -> [kv_heads, group * L, d], with the mask tiled per group. Fused SDPA
+kernels take this on CPU and CUDA alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from peers.kv_cache import PagePool
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    """Sequences that add one token each, padded to the longest context."""
+
+    tokens: torch.Tensor  # [B] index of each sequence's token in the flat batch
+    page_table: torch.Tensor  # [B, max_pages] page ids (padding repeats a real page; the mask hides it)
+    mask: torch.Tensor  # [B, 1, 1, max_pages * page_size] bool: context position < the sequence's new length
+
+
+@dataclass(frozen=True, slots=True)
+class PieceGroup:
+    """One sequence adding several tokens; they attend to its earlier tokens and causally to each other."""
+
+    start: int  # of its tokens in the flat batch
+    length: int  # new tokens
+    pages: torch.Tensor  # [pages] its page ids
+    context: int  # tokens it holds after this step
+    mask: torch.Tensor  # [group * length, context] bool, tiled for the query heads of one KV head
+
+
+@dataclass(frozen=True, slots=True)
+class RaggedBatch:
+    """Where each token of a flat batch goes and what it attends to; built once per iteration, used by every
+    block."""
+
+    slots: torch.Tensor  # [tokens] int64: where each new token's key and value are written
+    decode: DecodeGroup | None
+    pieces: tuple[PieceGroup, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceRows:
+    """One sequence's part of an iteration: its page table and the positions of its new tokens."""
+
+    pages: list[int]
+    position: int  # of its first new token
+    length: int  # new tokens
+
+
+def build_batch(rows: list[SequenceRows], page_size: int, group: int, device: torch.device) -> RaggedBatch:
+    """The batch of `rows`, whose tokens are laid out one row after the other; `group` query heads share a KV head."""
+    slots, decode_rows, pieces, start = [], [], [], 0
+    for row in rows:
+        pages = torch.tensor(row.pages, dtype=torch.int64)
+        positions = torch.arange(row.position, row.position + row.length)
+        slots.append(pages[positions // page_size] * page_size + positions % page_size)
+        context = row.position + row.length
+        if row.length == 1:
+            decode_rows.append((start, row.pages, context))
+        else:
+            causal = torch.ones(row.length, context, dtype=torch.bool).tril(diagonal=context - row.length)
+            mask = causal.repeat(group, 1).to(device)
+            pieces.append(PieceGroup(start, row.length, pages.to(device), context, mask))
+        start += row.length
+    return RaggedBatch(torch.cat(slots).to(device), _decode_group(decode_rows, page_size, device), tuple(pieces))
+
+
+def _decode_group(rows: list[tuple[int, list[int], int]], page_size: int, device: torch.device) -> DecodeGroup | None:
+    if not rows:
+        return None
+    max_pages = max(len(pages) for _, pages, _ in rows)
+    table = torch.tensor([pages + [pages[0]] * (max_pages - len(pages)) for _, pages, _ in rows], dtype=torch.int64)
+    contexts = torch.tensor([context for _, _, context in rows])
+    mask = torch.arange(max_pages * page_size)[None, :] < contexts[:, None]
+    tokens = torch.tensor([start for start, _, _ in rows], dtype=torch.int64)
+    return DecodeGroup(tokens.to(device), table.to(device), mask[:, None, None, :].to(device))
+
+
+class PagedLayer:
+    """The KV layer (swarm.partition.llama.KVLayer) of one block for one ragged batch."""
+
+    def __init__(self, pool: PagePool, layer: int, batch: RaggedBatch) -> None:
+        self.keys, self.values = pool.keys[layer], pool.values[layer]  # [slots, kv_heads, head_dim]
+        self.page_size, self.batch = pool.page_size, batch
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [1, heads, tokens, d]; k, v [1, kv_heads, tokens, d] for the flat batch -> [1, heads, tokens, d]."""
+        batch = self.batch
+        self.keys.index_copy_(0, batch.slots, k[0].transpose(0, 1))
+        self.values.index_copy_(0, batch.slots, v[0].transpose(0, 1))
+        queries = q[0]  # [heads, tokens, d]
+        out = torch.empty_like(queries)
+        kv_heads = k.shape[1]
+        if batch.decode is not None:
+            out[:, batch.decode.tokens] = self._decode(queries, batch.decode, kv_heads)
+        for piece in batch.pieces:
+            out[:, piece.start : piece.start + piece.length] = self._piece(queries, piece, kv_heads)
+        return out.unsqueeze(0)
+
+    def _paged(self, store: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
+        """[..., pages] page ids -> [..., pages * page_size, kv_heads, d] of `store`'s slots."""
+        by_page = store.view(-1, self.page_size, *store.shape[1:])[pages]
+        return by_page.flatten(-4, -3)
+
+    def _decode(self, queries: torch.Tensor, group: DecodeGroup, kv_heads: int) -> torch.Tensor:
+        heads, _, dim = queries.shape
+        sequences = group.tokens.shape[0]
+        q = queries[:, group.tokens].transpose(0, 1).reshape(sequences, kv_heads, heads // kv_heads, dim)
+        keys = self._paged(self.keys, group.page_table).transpose(1, 2)  # [B, kv_heads, context, d]
+        values = self._paged(self.values, group.page_table).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask)  # [B, kv_heads, group, d]
+        return out.reshape(sequences, heads, dim).transpose(0, 1)  # [heads, B, d]
+
+    def _piece(self, queries: torch.Tensor, piece: PieceGroup, kv_heads: int) -> torch.Tensor:
+        heads, _, dim = queries.shape
+        q = queries[:, piece.start : piece.start + piece.length]  # [heads, L, d]
+        q = q.reshape(1, kv_heads, heads // kv_heads * piece.length, dim)
+        keys = self._paged(self.keys, piece.pages)[: piece.context].transpose(0, 1).unsqueeze(0)
+        values = self._paged(self.values, piece.pages)[: piece.context].transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=piece.mask)  # [1, kv_heads, group * L, d]
+        return out.reshape(heads, piece.length, dim)
