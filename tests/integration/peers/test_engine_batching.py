@@ -5,6 +5,7 @@ back within the idle timeout."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -56,8 +57,8 @@ def hf_greedy(smollm2_path: Path):
     def generate(prompt: str, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-        return ids, out[0, ids.shape[1] :]
+            out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+        return ids, out[0, ids.shape[1] :]  # shorter where Hugging Face stopped at the end-of-sequence token
 
     return generate
 
@@ -126,12 +127,14 @@ def test_sixteen_interleaved_sessions_equal_each_session_run_alone(peer_servers,
     together = in_threads(run_plan, [(server.address, plan, 0.05 * (i % 5)) for i, plan in enumerate(plans)])
     steps = sum(len(plan) for plan in plans)
     assert server.engine.iterations - iterations < steps  # steps of different sessions shared iterations
+    # Hidden states of SmolLM2 reach hundreds (massive activations), where one float32 ulp is 3e-5 to 1.2e-4: batched
+    # matrix products round differently, so the bound is relative to each output's scale (measured 1e-7 to 2.3e-6).
     worst = 0.0
     for got, expected in zip(together, alone, strict=True):
         assert not isinstance(got, BaseException), got
         for a, b in zip(got, expected, strict=True):
-            worst = max(worst, float((a - b).abs().max()))
-    assert worst <= 1e-4, worst
+            worst = max(worst, float((a - b).abs().max() / b.abs().max().clamp(min=1.0)))
+    assert worst <= 1e-5, worst
     assert server.engine.open_sessions == 0 and server.pool.pages_used == 0
 
 
@@ -140,7 +143,7 @@ def test_eight_concurrent_greedy_generations_equal_hugging_face(peer_servers, he
     got = in_threads(greedy, [(head, peer_servers, ids, 24) for ids, _ in references])
     for tokens, (_, expected) in zip(got, references, strict=True):
         assert not isinstance(tokens, BaseException), tokens
-        assert torch.equal(tokens, expected)
+        assert torch.equal(tokens[: len(expected)], expected)
 
 
 @pytest.fixture(scope="module")
@@ -163,10 +166,11 @@ def test_a_pool_too_small_for_every_session_preempts_and_every_generation_comple
 ) -> None:
     references = [hf_greedy(prompt, 32) for prompt in PROMPTS]
     preempted = sum(s.engine.preemptions for s in small_pool_servers)
-    got = in_threads(greedy, [(head, small_pool_servers, ids, 32, {"max_failovers": 64}) for ids, _ in references])
+    patient = functools.partial(greedy, max_failovers=64)  # preemptions count as failovers
+    got = in_threads(patient, [(head, small_pool_servers, ids, 32) for ids, _ in references])
     for tokens, (_, expected) in zip(got, references, strict=True):
         assert not isinstance(tokens, BaseException), tokens
-        assert torch.equal(tokens, expected)
+        assert torch.equal(tokens[: len(expected)], expected)
     assert sum(s.engine.preemptions for s in small_pool_servers) > preempted
     for server in small_pool_servers:
         assert server.pool.pages_used == 0
