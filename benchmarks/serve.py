@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import statistics
@@ -36,6 +37,7 @@ from swarm.types import PeerInfo, PeerState, Span
 
 PROMPT = "The old stone bridge at the edge of the market town had stood for more than four hundred years."
 SPANS = ((0, 15), (15, 30))
+CACHE_TOKENS = 65536  # the peers' pool (ServerConfig's default): what the router sees as room
 
 
 @dataclass
@@ -114,7 +116,8 @@ def two_peers(model: Path, max_sessions: int) -> Iterator[tuple[list[PeerInfo], 
         for start, end in SPANS:
             process, address, metrics = peer_process.start(model, "--blocks", f"{start}:{end}", *flags)
             started.append(process)
-            peers.append(PeerInfo(f"peer-{start}", address, Span(start, end), PeerState.ONLINE, 0.0, 10.0))
+            info = PeerInfo(f"peer-{start}", address, Span(start, end), PeerState.ONLINE, 0.0, 10.0)
+            peers.append(dataclasses.replace(info, cache_tokens_free=CACHE_TOKENS))
             urls.append(f"http://{metrics}/metrics")
         yield peers, urls
     finally:
