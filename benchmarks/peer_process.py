@@ -65,6 +65,9 @@ def main() -> None:
     parser.add_argument("--sessions-per-client", type=int, default=LimitsConfig().sessions_per_client)
     parser.add_argument("--metrics", action="store_true", help="serve /metrics on a free port and print its address")
     parser.add_argument("--fuzz-limits", action="store_true", help="FUZZ's config instead of ServerConfig()'s")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help="a torch dtype's name: float32, bfloat16, float16")
+    parser.add_argument("--cache-tokens", type=int, default=ServerConfig().cache_tokens, help="KV pool size")
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
     start_block, end_block = (int(part) for part in ns.blocks.split(":"))
@@ -73,7 +76,10 @@ def main() -> None:
         limits = dataclasses.replace(config.limits, sessions_per_client=ns.sessions_per_client)
         config = dataclasses.replace(config, limits=limits)
     config = dataclasses.replace(config, rpc_threads=ns.rpc_threads)
-    server = PeerServer(load_span(ns.model, start_block, end_block), config, peer_id="measured", model="smollm2-135m")
+    if not ns.fuzz_limits:
+        config = dataclasses.replace(config, cache_tokens=ns.cache_tokens)
+    span = load_span(ns.model, start_block, end_block, dtype=getattr(torch, ns.dtype), device=ns.device)
+    server = PeerServer(span, config, peer_id="measured", model=Path(ns.model).name)
     server.start()
     metrics = f" 127.0.0.1:{server.metrics.serve('127.0.0.1', 0)}" if ns.metrics else ""
     print(f"serving {server.address}{metrics}", flush=True)

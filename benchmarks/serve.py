@@ -43,28 +43,32 @@ CACHE_TOKENS = 65536  # the peers' pool (ServerConfig's default): what the route
 @dataclass
 class _Level:
     token_s: list[float] = field(default_factory=list)  # seconds between consecutive tokens, every session
+    first_token_s: list[float] = field(default_factory=list)  # from the session's start to its first token
     failures: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _generate(head: ClientHead, peers: list[PeerInfo], prompt: torch.Tensor, new_tokens: int, level: _Level) -> None:
     length = prompt.shape[1] + new_tokens
-    times = []
+    blocks = Span(min(p.span.start for p in peers), max(p.span.end for p in peers))
+    device = head.norm.weight.device
+    started, times = time.perf_counter(), []
     try:
         with InferenceSession(
-            MinLatencyRouter(), lambda fresh=False: peers, Span(0, 30), 1, length, DEFAULT_CODEC,
+            MinLatencyRouter(), lambda fresh=False: peers, blocks, 1, length, DEFAULT_CODEC,
             step_timeout_s=120, credentials=SwarmCredentials.open(),
         ) as session, torch.inference_mode():  # fmt: skip
-            feed = prompt
+            feed = prompt.to(device)
             for _ in range(new_tokens):
                 hidden = session.step(head.embed(feed))
-                feed = head.logits(hidden[:, -1:]).argmax(-1)
+                feed = head.logits(hidden[:, -1:].to(device)).argmax(-1)
                 times.append(time.perf_counter())
     except Exception as error:  # counted and reported: a benchmark goes on
         with level.lock:
             level.failures.append(f"{type(error).__name__}: {error}")
     with level.lock:
         level.token_s.extend(b - a for a, b in itertools.pairwise(times))
+        level.first_token_s.extend(times[:1] and [times[0] - started])
 
 
 def _mean_batch(metrics_urls: list[str]) -> tuple[float, float]:
@@ -100,6 +104,7 @@ def run_level(head, peers, metrics_urls, prompt: torch.Tensor, sessions: int, ne
         "tokens_per_s": round(tokens / wall_s, 2),
         "p50_ms": round(statistics.median(ms), 1),
         "p95_ms": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 1),
+        "first_token_ms": round(1000 * statistics.median(level.first_token_s or [float("nan")]), 1),
         "mean_batch": round((after[0] - before[0]) / max(after[1] - before[1], 1), 2),
         "wall_s": round(wall_s, 1),
         "failures": len(level.failures),
@@ -108,16 +113,21 @@ def run_level(head, peers, metrics_urls, prompt: torch.Tensor, sessions: int, ne
 
 
 @contextlib.contextmanager
-def two_peers(model: Path, max_sessions: int) -> Iterator[tuple[list[PeerInfo], list[str]]]:
-    """The two peer processes; yields their records and /metrics URLs."""
-    flags = ("--rpc-threads", str(max_sessions + 16), "--sessions-per-client", str(max_sessions), "--metrics")
+def two_peers(
+    model: Path, max_sessions: int, spans=SPANS, *flags: str, cache_tokens: int = CACHE_TOKENS
+) -> Iterator[tuple[list[PeerInfo], list[str]]]:
+    """The peer processes (peer_process.py's `flags` added); yields their records and /metrics URLs."""
+    flags = (
+        *flags, "--rpc-threads", str(max_sessions + 16), "--sessions-per-client", str(max_sessions), "--metrics",
+        "--cache-tokens", str(cache_tokens),
+    )  # fmt: skip
     started, peers, urls = [], [], []
     try:
-        for start, end in SPANS:
+        for start, end in spans:
             process, address, metrics = peer_process.start(model, "--blocks", f"{start}:{end}", *flags)
             started.append(process)
             info = PeerInfo(f"peer-{start}", address, Span(start, end), PeerState.ONLINE, 0.0, 10.0)
-            peers.append(dataclasses.replace(info, cache_tokens_free=CACHE_TOKENS))
+            peers.append(dataclasses.replace(info, cache_tokens_free=cache_tokens))
             urls.append(f"http://{metrics}/metrics")
         yield peers, urls
     finally:

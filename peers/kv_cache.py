@@ -52,6 +52,7 @@ class PagePool:
         self.keys = torch.empty(size, dtype=dtype, device=device)  # [layers, slots, kv_heads, head_dim]
         self.values = torch.empty(size, dtype=dtype, device=device)
         self._free = list(range(shape.num_pages - 1, -1, -1))  # a stack: the last freed page is reused first
+        self._unzeroed: list[int] = []  # taken since the last zero_taken()
 
     @property
     def page_size(self) -> int:
@@ -87,7 +88,19 @@ class PagePool:
             raise Overloaded(f"KV cache is full: {count} pages needed, {len(self._free)} of {self.pages_total} free")
         taken = self._free[len(self._free) - count :]
         del self._free[len(self._free) - count :]
+        self._unzeroed.extend(taken)
         return taken
+
+    def zero_taken(self) -> None:
+        """Zero the pages taken since the last call, before anything reads them. A padded decode batch reads a
+        page's unwritten slots with attention weight 0, and 0 * NaN is NaN: fresh GPU memory may hold any bits, and
+        a page's last owner may have written anything, so no session ever sees another's leftovers."""
+        if not self._unzeroed:
+            return
+        pages = torch.tensor(self._unzeroed, dtype=torch.int64).to(self.keys.device)
+        for store in (self.keys, self.values):
+            store.view(store.shape[0], -1, self.page_size, *store.shape[2:]).index_fill_(1, pages, 0)
+        self._unzeroed.clear()
 
     def give_back(self, pages: list[int]) -> None:
         self._free.extend(reversed(pages))

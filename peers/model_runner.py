@@ -42,6 +42,7 @@ class ModelRunner:
             for piece in pieces
             for sequence in piece.sequences
         ]
+        self.pool.zero_taken()
         batch = build_batch(rows, self.pool.page_size, self.group, span.device)
         positions = torch.cat([torch.arange(row.position, row.position + row.length) for row in rows])
         flat = torch.cat([piece.hidden.reshape(-1, piece.hidden.shape[-1]) for piece in pieces])

@@ -17,6 +17,9 @@ from swarm._proto import swarm_pb2 as pb
 from swarm.errors import MalformedTensorError, UnknownCodecError
 
 MAX_ELEMENTS = 1 << 34  # refuse shapes this large before allocating anything: no hidden state comes close
+# A GPU codes a tensor with dozens of small kernels and a sync; below this size one copy to the host and the CPU's
+# code are faster (a decode step's hidden state is a few thousand elements), so only larger tensors code on device.
+DEVICE_CODING_MIN_ELEMENTS = 1 << 20
 
 
 class CodecId(enum.IntEnum):
@@ -51,7 +54,8 @@ class Codec(abc.ABC):
     floating_only: ClassVar[bool] = True
 
     def encode(self, tensor: torch.Tensor, block_size: int = 0) -> pb.Tensor:
-        """Encode `tensor` (any device); only the encoded bytes cross to host memory.
+        """Encode `tensor` (any device): a large one on its device (only the encoded bytes cross to host memory),
+        a small one copied to the host first (DEVICE_CODING_MIN_ELEMENTS).
 
         Raises:
             MalformedTensorError: the dtype is not supported by this codec, or the values are not finite
@@ -66,6 +70,8 @@ class Codec(abc.ABC):
             raise MalformedTensorError(f"codec {self.codec_id.name} needs a floating tensor, got {tensor.dtype}")
         msg = pb.Tensor(dtype=TORCH_TO_WIRE_DTYPE[tensor.dtype], shape=tensor.shape, codec=self.codec_id)
         msg.block_size = block_size
+        if tensor.device.type != "cpu" and tensor.numel() < DEVICE_CODING_MIN_ELEMENTS:
+            tensor = tensor.cpu()
         self._encode_into(tensor.detach(), block_size, msg)
         return msg
 
@@ -80,7 +86,10 @@ class Codec(abc.ABC):
         self._check_block_size(msg.block_size)
         if self.floating_only and dtype not in FLOATING_DTYPES:
             raise MalformedTensorError(f"codec {self.codec_id.name} cannot carry dtype {dtype}")
-        return self._decode(msg, dtype, shape, torch.device(device or "cpu"))
+        target = torch.device(device or "cpu")
+        if target.type == "cpu" or math.prod(shape) >= DEVICE_CODING_MIN_ELEMENTS:
+            return self._decode(msg, dtype, shape, target)
+        return self._decode(msg, dtype, shape, torch.device("cpu")).to(target)  # one host-to-device copy
 
     @abc.abstractmethod
     def max_error(self, dtype: torch.dtype) -> float:

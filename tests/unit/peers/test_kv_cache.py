@@ -50,3 +50,17 @@ def test_the_pool_is_allocated_once_with_its_size_in_bytes() -> None:
     kv = PagePool(shape, torch.bfloat16, "cpu")
     assert kv.nbytes == 5 * shape.bytes_per_page(torch.bfloat16) == 2 * 3 * 5 * 4 * 2 * 8 * 2
     assert kv.keys.shape == (3, 20, 2, 8)
+
+
+def test_pages_hold_zeros_before_their_first_use_whatever_was_there() -> None:
+    kv = pool(4, page_size=2)
+    kv.keys.fill_(float("nan"))  # what recycled GPU memory or a page's last owner may have left
+    kv.values.fill_(float("inf"))
+    sequence = Sequence()
+    sequence.grow(kv, 3)  # two pages
+    kv.zero_taken()
+    for store in (kv.keys, kv.values):
+        pages = store.view(2, 4, 2, 2, 8)[:, sequence.pages]
+        assert bool((pages == 0).all())
+        untouched = [p for p in range(4) if p not in sequence.pages]
+        assert not bool(torch.isfinite(store.view(2, 4, 2, 2, 8)[:, untouched]).any())

@@ -99,10 +99,12 @@ def test_unknown_scale_dtype_is_refused() -> None:
         decode(msg)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("codec_id", [CodecId.INT8_HADAMARD, CodecId.INT8_BLOCKWISE_LINEAR, CodecId.BFLOAT16])
-def test_cuda_tensors_encode_on_device_and_decode_onto_it(codec_id: CodecId) -> None:
-    tensor = torch.randn(4, 128, 576, device="cuda")
+@pytest.mark.parametrize("tokens", [1, 128, 1024])  # a decode step and a short prompt code on the host, not 1024
+def test_cuda_tensors_encode_and_decode_onto_the_device(codec_id: CodecId, tokens: int) -> None:
+    tensor = torch.randn(4, tokens, 576, device="cuda")
     decoded = decode(encode(tensor, codec_id), device="cuda")
     assert decoded.device.type == "cuda"
     assert rel_l2(decoded, tensor) < 0.01

@@ -1,0 +1,110 @@
+"""GPU benchmark: a Llama-3-8B-shaped model with random weights, split into 2 peers on one CUDA device.
+
+Run: `python -m benchmarks.gpu [--tiny] [--sessions 1 32 128] [--new-tokens 64]`.
+The model is built from a config (32 blocks, hidden 4096, 32 heads, 8 KV heads, vocab 128256; weights random,
+bf16: throughput does not depend on their values) and saved to a temporary directory; `--tiny` builds a small
+shape and runs on CPU in fp32. Measured in one run: Hugging Face `generate` on the whole model (greedy, one
+sequence), then two peer processes serving blocks [0, n/2) and [n/2, n) on the same device, and N concurrent
+generations through them (benchmarks/serve.py's client: own InferenceSession per generation, client head on the
+device). Prints one JSON object: `device`, `local_tokens_per_s`, per level the aggregate tokens/s, p50/p95
+per-token latency, time to first token and mean batch, and at the top `ratio_1` (swarm / local at 1 session) and
+`tokens_per_s_128`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from benchmarks.serve import run_level, two_peers
+from swarm.partition import load_client_head
+
+SHAPES = {
+    "llama3-8b": dict(
+        num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256,
+    ),
+    "tiny": dict(
+        num_hidden_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2,
+        vocab_size=4096,
+    ),
+}  # fmt: skip
+PROMPT_TOKENS = 16
+
+
+def build_checkpoint(shape: dict, dtype: torch.dtype, device: str, directory: Path) -> LlamaForCausalLM:
+    """A randomly initialised Llama of `shape`, saved to `directory` as safetensors; returns it (on `device`)."""
+    config = LlamaConfig(**shape, max_position_embeddings=8192, tie_word_embeddings=False, dtype=dtype)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    model.save_pretrained(directory)
+    return model
+
+
+def local_generate(model: LlamaForCausalLM, prompt: torch.Tensor, new_tokens: int) -> float:
+    """Tokens per second of Hugging Face greedy `generate` for one sequence (after one warm-up)."""
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    model.generate(prompt, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
+    synchronize(prompt.device)
+    started = time.perf_counter()
+    model.generate(prompt, **kwargs)
+    synchronize(prompt.device)
+    return new_tokens / (time.perf_counter() - started)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="a small shape, on CPU in fp32")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--cache-tokens", type=int, default=65536, help="each peer's KV pool")
+    ns = parser.parse_args(argv)
+    if not ns.tiny and not torch.cuda.is_available():
+        parser.error("no CUDA device: run with --tiny for the CPU shape")
+    shape_name = "tiny" if ns.tiny else "llama3-8b"
+    device, dtype = ("cpu", torch.float32) if ns.tiny else ("cuda", torch.bfloat16)
+    blocks = SHAPES[shape_name]["num_hidden_layers"]
+    spans = ((0, blocks // 2), (blocks // 2, blocks))
+    result: dict = {"benchmark": "gpu", "shape": shape_name, "dtype": str(dtype).removeprefix("torch.")}
+    result["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    prompt = torch.randint(0, SHAPES[shape_name]["vocab_size"], (1, PROMPT_TOKENS), device=device)
+    with tempfile.TemporaryDirectory(prefix="swarm-gpu-bench-") as directory:
+        model = build_checkpoint(SHAPES[shape_name], dtype, device, Path(directory))
+        with torch.inference_mode():
+            result["local_tokens_per_s"] = round(local_generate(model, prompt, ns.new_tokens), 2)
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        head = load_client_head(directory, dtype=dtype, device=device)
+        flags = ("--device", device, "--dtype", str(dtype).removeprefix("torch."))
+        with two_peers(Path(directory), max(ns.sessions), spans, *flags, cache_tokens=ns.cache_tokens) as (
+            peers,
+            urls,
+        ):
+            run_level(head, peers, urls, prompt, 1, 4)  # warm-up: channels, first steps, kernels
+            levels = {n: run_level(head, peers, urls, prompt, n, ns.new_tokens) for n in ns.sessions}
+    result["levels"] = list(levels.values())
+    if 1 in levels:
+        result["ratio_1"] = round(levels[1]["tokens_per_s"] / result["local_tokens_per_s"], 3)
+        result["first_token_ms_1"] = levels[1]["first_token_ms"]
+    if 128 in levels:
+        result["tokens_per_s_128"] = levels[128]["tokens_per_s"]
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
