@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.serve import run_level, two_peers
-from swarm.partition import load_client_head
+from benchmarks.serve import ClientSpec, run_level, two_peers
 
 SHAPES = {
     "llama3-8b": dict(
@@ -71,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--cache-tokens", type=int, default=65536, help="each peer's KV pool")
+    parser.add_argument("--clients", type=int, default=8, help="client processes the sessions are spread over")
     ns = parser.parse_args(argv)
     if not ns.tiny and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --tiny for the CPU shape")
@@ -88,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
-        head = load_client_head(directory, dtype=dtype, device=device)
+        spec = ClientSpec(Path(directory), str(dtype).removeprefix("torch."), device)
         flags = ("--device", device, "--dtype", str(dtype).removeprefix("torch."))
         with two_peers(Path(directory), max(ns.sessions), spans, *flags, cache_tokens=ns.cache_tokens) as (
             peers,
             urls,
         ):
-            run_level(head, peers, urls, prompt, 1, 4)  # warm-up: channels, first steps, kernels
-            levels = {n: run_level(head, peers, urls, prompt, n, ns.new_tokens) for n in ns.sessions}
+            run_level(spec, peers, urls, prompt.cpu(), 1, 4)  # warm-up: channels, first steps, kernels
+            levels = {n: run_level(spec, peers, urls, prompt.cpu(), n, ns.new_tokens, ns.clients) for n in ns.sessions}
     result["levels"] = list(levels.values())
     if 1 in levels:
         result["ratio_1"] = round(levels[1]["tokens_per_s"] / result["local_tokens_per_s"], 3)

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import multiprocessing
 import statistics
 import sys
 import threading
@@ -83,24 +84,65 @@ def _mean_batch(metrics_urls: list[str]) -> tuple[float, float]:
     return total, count
 
 
-def run_level(head, peers, metrics_urls, prompt: torch.Tensor, sessions: int, new_tokens: int) -> dict:
+@dataclass(frozen=True)
+class ClientSpec:
+    """What a client process loads: the checkpoint's head, in `dtype` on `device`."""
+
+    model: Path
+    dtype: str = "float32"
+    device: str = "cpu"
+
+
+def _client_process(spec: ClientSpec, peers, prompt, sessions: int, new_tokens: int, barrier, results) -> None:
+    """One client process: `sessions` generations in threads, started together with the other processes'."""
+    torch.set_num_threads(1)  # each peer process computes with one thread too
+    head = load_client_head(spec.model, dtype=getattr(torch, spec.dtype), device=spec.device)
     level = _Level()
-    before = _mean_batch(metrics_urls)
     threads = [
         threading.Thread(target=_generate, args=(head, peers, prompt, new_tokens, level), daemon=True)
         for _ in range(sessions)
     ]
-    started = time.perf_counter()
+    barrier.wait()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(1800)
+    results.put((level.token_s, level.first_token_s, level.failures))
+
+
+def run_level(
+    spec: ClientSpec, peers, metrics_urls, prompt: torch.Tensor, sessions: int, new_tokens: int, processes: int = 1
+) -> dict:
+    """`sessions` concurrent generations from `processes` client processes (a client's threads share one GIL:
+    one process measures the client library as much as the peers)."""
+    processes = min(processes, sessions)
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(processes + 1), context.Queue()
+    shares = [sessions // processes + (i < sessions % processes) for i in range(processes)]
+    workers = [
+        context.Process(target=_client_process, args=(spec, peers, prompt, share, new_tokens, barrier, results))
+        for share in shares
+    ]
+    for worker in workers:
+        worker.start()
+    barrier.wait(timeout=600)  # every client has loaded its head
+    before = _mean_batch(metrics_urls)
+    started = time.perf_counter()
+    level = _Level()
+    for _ in workers:
+        token_s, first_token_s, failures = results.get(timeout=3600)
+        level.token_s += token_s
+        level.first_token_s += first_token_s
+        level.failures += failures
     wall_s = time.perf_counter() - started
+    for worker in workers:
+        worker.join(60)
     after = _mean_batch(metrics_urls)
     ms = sorted(1000 * s for s in level.token_s) or [float("nan")]
     tokens = sessions * new_tokens - new_tokens * len(level.failures)
     return {
         "sessions": sessions,
+        "client_processes": processes,
         "tokens_per_s": round(tokens / wall_s, 2),
         "p50_ms": round(statistics.median(ms), 1),
         "p95_ms": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 1),
@@ -140,15 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=1, help="client processes the sessions are spread over")
     ns = parser.parse_args(argv)
-    torch.set_num_threads(1)  # the client's heads; each peer process computes with one thread too
     from transformers import AutoTokenizer
 
     prompt = AutoTokenizer.from_pretrained(str(ns.model))(PROMPT, return_tensors="pt").input_ids[:, :16]
-    head = load_client_head(ns.model)
+    spec = ClientSpec(ns.model)
     with two_peers(ns.model, max(ns.sessions)) as (peers, urls):
-        run_level(head, peers, urls, prompt, 1, 4)  # warm-up: channels, first steps
-        levels = {n: run_level(head, peers, urls, prompt, n, ns.new_tokens) for n in ns.sessions}
+        run_level(spec, peers, urls, prompt, 1, 4)  # warm-up: channels, first steps
+        levels = {n: run_level(spec, peers, urls, prompt, n, ns.new_tokens, ns.clients) for n in ns.sessions}
     result: dict = {"benchmark": "serve", "new_tokens": ns.new_tokens, "codec": DEFAULT_CODEC.name}
     result["levels"] = list(levels.values())
     if 1 in levels:
