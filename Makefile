@@ -33,6 +33,7 @@ bench: $(MODEL_READY)
 	$(PY) -m benchmarks.rebalance_sim
 	$(PY) -m benchmarks.train
 	$(PY) -m benchmarks.load --model $(MODEL)
+	$(PY) -m benchmarks.serve --model $(MODEL)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

@@ -117,6 +117,28 @@ def test_concurrent_sessions_equal_each_session_run_alone(tiny_span: BlockSpan) 
         engine.shutdown(5)
 
 
+def test_leftovers_in_the_pool_never_reach_an_output(tiny_span: BlockSpan) -> None:
+    """Padded decode batches read unwritten slots (weight 0, but 0 * NaN is NaN): a pool full of NaN, as recycled
+    memory or a page's last owner may leave it, still gives every session exactly its own result."""
+    engine = make_engine(tiny_span, pages=64)
+    engine.pool.keys.fill_(float("nan"))
+    engine.pool.values.fill_(float("nan"))
+    generator = torch.Generator().manual_seed(1)
+    plans = {f"s{i}": session_steps(i, generator) for i in range(3)}
+    try:
+        for session_id, steps in plans.items():
+            engine.open(session_id, range(0, 4), steps[0][0].shape[0], 512)
+        futures = {session_id: engine.step(session_id, *steps[0]) for session_id, steps in plans.items()}
+        for session_id, steps in plans.items():
+            got = [futures[session_id].result(10)]
+            got += [engine.step(session_id, hidden, position).result(10) for hidden, position in steps[1:]]
+            for output, expected in zip(got, alone(tiny_span, steps), strict=True):
+                assert bool(torch.isfinite(output).all())
+                assert (output - expected).abs().max() < 1e-5
+    finally:
+        engine.shutdown(5)
+
+
 def test_ready_steps_run_as_one_iteration_and_a_long_prefill_holds_decodes_back_by_one_chunk(
     tiny_span: BlockSpan,
 ) -> None:
