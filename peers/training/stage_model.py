@@ -63,9 +63,9 @@ class StageModel(nn.Module):
         cos, sin = self.span.rotary(0, hidden.shape[1], hidden.dtype)
         for block in self.span.blocks:
             if self.activation_checkpointing and torch.is_grad_enabled():
-                hidden = checkpoint(block, hidden, cos, sin, 0, None, use_reentrant=False)
+                hidden = checkpoint(block, hidden, cos, sin, None, use_reentrant=False)
             else:
-                hidden = block(hidden, cos, sin, 0, None)
+                hidden = block(hidden, cos, sin)
         if not self.is_last:
             return hidden
         logits = self.lm_head(self.norm(hidden))
