@@ -18,7 +18,9 @@ VOCAB = 128
 
 
 @pytest.mark.parametrize("activation_checkpointing", [False, True])
-def test_a_whole_model_stage_gives_the_spans_loss_and_gradients(tiny_span: BlockSpan, activation_checkpointing) -> None:
+def test_a_whole_model_stage_gives_the_spans_loss_and_gradients(
+    tiny_span: BlockSpan, activation_checkpointing: bool
+) -> None:
     generator = torch.Generator().manual_seed(0)
     embeddings = torch.randn(VOCAB, HIDDEN, generator=generator)
     norm, lm_head = torch.rand(HIDDEN, generator=generator) + 0.5, torch.randn(VOCAB, HIDDEN, generator=generator)
