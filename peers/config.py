@@ -86,6 +86,7 @@ class PeerConfig:
             host=ns.host,
             port=ns.port,
             cache_tokens=ns.cache_tokens,
+            cache_gib=ns.cache_gib,
             page_size=ns.page_size,
             max_batch_tokens=ns.max_batch_tokens,
             session_idle_s=ns.session_idle_s,

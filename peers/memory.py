@@ -1,20 +1,31 @@
 """How many blocks fit a peer's memory: weights plus the KV-cache pool when serving, weights plus gradients and
-optimizer state when training. Called by the peer daemon when it is not told its span, and by the simulator.
+optimizer state when training. Called by the peer daemon when it is not told its span, and by the simulator. And
+how many KV pages a peer's pool gets (`kv_pool_pages`), called by the server inside the process that owns the device.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from peers.config import PeerConfig
+import torch
+
 from swarm.errors import InvalidRequest
 from swarm.partition.llama import BlockConfig
+
+if TYPE_CHECKING:
+    from peers.config import PeerConfig
+    from swarm.partition import BlockSpan
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1 << 30
 DETECTED_MEMORY_SHARE = 0.9  # of what the device reports free: allocator slack, activations, the CUDA context
 FP32_BYTES = 4
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
+DEFAULT_CACHE_TOKENS = 65536  # placement's assumption per block when the pool is sized from free memory
+WORKSPACE_BYTES = 256 << 20  # kernels' workspaces and allocator slack, beside one iteration's activations
+HOST_POOL_SHARE = 0.5  # of a host's free memory, when a CPU peer sizes its pool: the OS and clients share it
 
 
 def block_parameters(cfg: BlockConfig) -> int:
@@ -64,6 +75,10 @@ def blocks_for_peer(config: PeerConfig, cfg: BlockConfig) -> int:
     memory_gib = config.placement.memory_gib
     budget = int(memory_gib * GIB) if memory_gib is not None else available_memory_bytes(config.device)
     cache_tokens = config.server.cache_tokens
+    if config.server.cache_gib is not None:  # a pool of a fixed size, whatever the span: the rest is for weights
+        budget, cache_tokens = budget - int(config.server.cache_gib * GIB), 0
+    elif cache_tokens is None:
+        cache_tokens = DEFAULT_CACHE_TOKENS
     length = blocks_that_fit(budget, cfg, config.dtype, cache_tokens)
     if length < 1:
         one = block_bytes(cfg, config.dtype, cache_tokens) / GIB
@@ -89,3 +104,33 @@ def _host_memory_available(meminfo: Path = Path("/proc/meminfo")) -> int:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024  # the kernel reports kB
     raise OSError(f"{meminfo} has no MemAvailable line")
+
+
+def kv_pool_pages(
+    span: BlockSpan, page_size: int, cache_tokens: int | None, cache_gib: float | None, max_batch_tokens: int
+) -> int:
+    """Pages of the span's KV pool: `cache_gib` GiB or `cache_tokens` tokens when given; else the memory the
+    span's device has free now (its weights loaded), less one iteration's activations and a workspace.
+
+    Raises:
+        InvalidRequest: not even one page fits.
+    """
+    layers, element = span.end - span.start, torch.empty((), dtype=span.dtype).element_size()
+    per_page = 2 * layers * page_size * span.cfg.num_kv_heads * span.cfg.head_dim * element
+    if cache_gib is not None:
+        pages, source = int(cache_gib * GIB) // per_page, f"{cache_gib} GiB"
+    elif cache_tokens is not None:
+        pages, source = math.ceil(cache_tokens / page_size), f"{cache_tokens} tokens"
+    else:
+        free = available_memory_bytes(span.device.type) * (HOST_POOL_SHARE if span.device.type == "cpu" else 1.0)
+        free = int(free) - activation_bytes(span.cfg, max_batch_tokens, element)
+        pages, source = free // per_page, f"{free / GIB:.2f} GiB free after weights and activations"
+    if pages < 1:
+        raise InvalidRequest(f"no KV page fits in {source} (a page of {page_size} tokens is {per_page} bytes)")
+    return pages
+
+
+def activation_bytes(cfg: BlockConfig, tokens: int, element: int) -> int:
+    """A generous bound on one forward's live activations for `tokens` tokens (hidden states, q/k/v, the MLP's
+    three intermediate products), plus WORKSPACE_BYTES."""
+    return tokens * element * (8 * cfg.hidden_size + 4 * cfg.intermediate_size) + WORKSPACE_BYTES

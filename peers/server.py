@@ -17,6 +17,7 @@ from peers.engine import Engine, EngineConfig
 from peers.handlers import SERVICE_NAME, add_peer_service
 from peers.kv_cache import PagePool, PoolShape
 from peers.limits import LimitsConfig, stream_bytes_for
+from peers.memory import kv_pool_pages
 from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner
 from peers.scheduler import TaskKind
@@ -45,7 +46,10 @@ class ServerConfig:
     max_message_bytes: int = 4 << 20  # gRPC's own default; bigger tensors are chunked on the stream RPCs
     max_request_tokens: int = 8192  # batch x seq of one request
     max_batch_tokens: int = 2048  # tokens one engine iteration (or one merged forward) computes at most
-    cache_tokens: int = 65536  # KV-cache pool size in tokens, allocated at start as pages of page_size tokens
+    # The KV-cache pool, allocated at start as pages of page_size tokens: cache_gib GiB, or cache_tokens tokens, or
+    # (both None) what the device has free once the weights are loaded (peers/memory.py's kv_pool_pages)
+    cache_tokens: int | None = None
+    cache_gib: float | None = None
     page_size: int = 16  # tokens per KV page
     max_session_length: int = 8192
     session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
@@ -57,8 +61,10 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_request_tokens", "max_batch_tokens", "cache_tokens", "page_size", "max_session_length"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cache_gib is not None and self.cache_gib <= 0:
+            raise ValueError(f"cache_gib must be positive, got {self.cache_gib}")
         if self.session_idle_s <= 0:
             raise ValueError(f"session_idle_s must be positive, got {self.session_idle_s}")
 
@@ -177,6 +183,6 @@ class PeerServer:
 
 
 def pool_shape(span: BlockSpan, config: ServerConfig) -> PoolShape:
-    """Pages for `config.cache_tokens` tokens (rounded up to whole pages) of every block of the span."""
-    pages = -(-config.cache_tokens // config.page_size)
+    """The pool's pages (kv_pool_pages: the configured size, or the device's free memory) for every block."""
+    pages = kv_pool_pages(span, config.page_size, config.cache_tokens, config.cache_gib, config.max_batch_tokens)
     return PoolShape(span.end - span.start, pages, config.page_size, span.cfg.num_kv_heads, span.cfg.head_dim)

@@ -72,7 +72,12 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to serve and announce")
     parser.add_argument("--port", type=int, default=0, help="gRPC port (default: any free port)")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (default: any free port)")
-    parser.add_argument("--cache-tokens", type=int, default=65536, help="KV-cache pool size in tokens")
+    pool = parser.add_mutually_exclusive_group()
+    pool.add_argument("--cache-tokens", type=int, help="KV-cache pool size in tokens")
+    pool.add_argument(
+        "--cache-gib", type=float, help="KV-cache pool size in GiB (default for both: what the device has free once "
+        "the weights are loaded, less one iteration's activations)",
+    )  # fmt: skip
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
     parser.add_argument(
         "--max-batch-tokens", type=int, default=2048, help="tokens one engine iteration computes at most"
