@@ -41,6 +41,13 @@ def local_chain(spans, tokens: torch.Tensor, steps: list[int]) -> list[torch.Ten
     return outputs
 
 
+def worst_relative(got: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    """The largest difference relative to each output's scale. Peers batch every session's rows into one ragged
+    forward, which rounds differently from a lone [batch, seq] one: SmolLM2's activations reach thousands on these
+    random inputs, where one fp32 ulp is ~5e-4 (measured: 0.011 absolute on 6,248, i.e. 1.7e-6 relative)."""
+    return max(float((g - e).abs().max() / e.abs().max().clamp(min=1.0)) for g, e in zip(got, expected, strict=True))
+
+
 def run_session(servers: list[PeerServer], seed: int, steps=(5, 1, 1, 1), on_step=None) -> float:
     tokens = torch.randn(2, sum(steps), 576, generator=torch.Generator().manual_seed(seed))
     spans = [servers[0].backend.span, servers[1].backend.span]
@@ -61,11 +68,11 @@ def run_session(servers: list[PeerServer], seed: int, steps=(5, 1, 1, 1), on_ste
             if on_step:
                 on_step(number, s)
             got.append(s.step(tokens[:, s.position : s.position + length]))
-    return max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True))
+    return worst_relative(got, expected)
 
 
 def test_a_session_equals_the_local_blocks(peer_servers) -> None:
-    assert run_session(peer_servers, seed=0) <= 1e-4
+    assert run_session(peer_servers, seed=0) <= 1e-5
 
 
 def test_concurrent_sessions_and_forwards_all_get_their_own_results(peer_servers, stubs) -> None:
@@ -78,7 +85,10 @@ def test_concurrent_sessions_and_forwards_all_get_their_own_results(peer_servers
         session_errors = [s.result(timeout=300) for s in sessions]
         scale = float(expected_forward.abs().max())  # hidden states reach thousands (massive activations)
         forward_errors = [float((f.result(timeout=300) - expected_forward).abs().max()) / scale for f in forwards]
-    assert max(session_errors) <= 1e-4, session_errors
+    # Four batch-2 sessions and eight forwards share the engine's iterations: every matrix product and attention
+    # call has another shape than the lone reference's, and SmolLM2 amplifies rounding on these random (non-
+    # embedding) inputs: measured worst 1.1e-4 relative, on a second row (the lone test above stays within 1e-5).
+    assert max(session_errors) <= 5e-4, session_errors
     # Concurrent forwards are batched together; a batch of 3 rounds differently from a batch of 1 in fp32.
     assert max(forward_errors) <= 1e-5, forward_errors
     assert peer_servers[0].engine.open_sessions == 0
@@ -145,7 +155,7 @@ def test_a_peer_dying_mid_session_is_replaced_and_outputs_do_not_change(replicas
             got.append(session.step(tokens[:, session.position : session.position + length]))
         assert session.failovers >= 1
         assert session.route[victim].peer_id == peer_servers[victim].service.config.peer_id
-    assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-3
+    assert worst_relative(got, expected) <= 1e-5
 
 
 def test_concurrent_sessions_spread_over_replicas(replicas, peer_servers) -> None:
@@ -184,7 +194,7 @@ def test_server_to_server_push_carries_steps_past_the_client(peer_servers, push:
         MinLatencyRouter(), lambda fresh=False: peers, EVERYTHING, 1, 16, CodecId.NONE, push=push, credentials=OPEN
     ) as session:
         got = [session.step(tokens[:, session.position : session.position + n]) for n in (2, 1, 1, 1, 1)]
-    assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-4
+    assert worst_relative(got, expected) <= 1e-5
     pushed = steps_by_source(peer_servers[1], "push") - before["push"]
     sent = steps_by_source(peer_servers[1], "client") - before["client"]
     assert (pushed, sent) == ((5, 0) if push else (0, 5))
@@ -233,7 +243,7 @@ def test_a_replacement_that_fails_during_replay_is_skipped_and_long_histories_re
             got.append(s.step(tokens[:, s.position : s.position + length]))
         assert s.route[0].peer_id == "peer-0" and s.failovers == 2
     # Replays in pieces round differently from the original steps (fp32, activations in the thousands).
-    assert max(float((g - e).abs().max() / e.abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-5
+    assert worst_relative(got, expected) <= 1e-5
 
 
 def test_a_stale_route_to_a_peer_that_moved_fails_over_and_outputs_do_not_change(peer_servers) -> None:
@@ -252,7 +262,7 @@ def test_a_stale_route_to_a_peer_that_moved_fails_over_and_outputs_do_not_change
         assert [h.peer_id for h in session.route] == ["peer-0", "moved"]
         got = [session.step(tokens[:, session.position : session.position + n]) for n in steps]
         assert [h.peer_id for h in session.route] == ["peer-0", "peer-15"] and session.failovers == 1
-    assert max(float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)) <= 1e-4
+    assert worst_relative(got, expected) <= 1e-5
     # A forward call on the stale route is retried on the peer that does serve [15, 30).
     stale_forward = dataclasses.replace(stale, forward_tokens_per_s=1e6)
     blocks = RemoteSequential(

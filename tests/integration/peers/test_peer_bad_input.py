@@ -118,10 +118,10 @@ INFERENCE_CASES = {
         INVALID,
         "skips past",
     ),
-    "cache pool full": (
+    "a session larger than the whole pool": (
         lambda: session(uuid.uuid4().hex, [], max_length=1024, batch_size=5),
         EXHAUSTED,
-        "pool is full",
+        "5 x 1024 tokens exceed this peer's 4096-token pool",
     ),
     "max_length over the limit": (lambda: session(uuid.uuid4().hex, [], max_length=5000), INVALID, "max_length"),
     "no open message": (

@@ -171,7 +171,7 @@ class _Session:
         else:
             steps = self.history[-1:]
         for hidden, position in steps:
-            output = self.backend.inference_step(self.cache, hidden, position, self.blocks)
+            output = self.backend.span(hidden, position=position, cache=self.cache, blocks=self.blocks)
         return bool(torch.isfinite(output).all())
 
 
@@ -212,5 +212,7 @@ def _open_ok(opening: pb.InferenceOpen) -> bool:
         return False
     if not 1 <= opening.max_length <= FUZZ.max_session_length or opening.batch_size < 1:
         return False
-    tokens = opening.batch_size * opening.max_length
-    return _codec_ok(opening.response_codec) and bool(opening.session_id) and tokens <= FUZZ.cache_tokens
+    # The engine admits a session whose every sequence could grow to max_length within the whole pool, in pages.
+    pages = opening.batch_size * -(-opening.max_length // FUZZ.page_size)
+    fits = pages <= -(-FUZZ.cache_tokens // FUZZ.page_size)
+    return _codec_ok(opening.response_codec) and bool(opening.session_id) and fits
