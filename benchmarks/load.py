@@ -145,7 +145,7 @@ def main() -> None:
     ns = parser.parse_args()
     config = dataclasses.replace(LoadConfig(), sessions=ns.sessions, seconds=ns.seconds)
     start, end = (int(part) for part in ns.blocks.split(":"))
-    flags = ("--blocks", ns.blocks, "--rpc-threads", str(ns.sessions + 8), "--sessions-per-client", str(ns.sessions))
+    flags = ("--blocks", ns.blocks, "--max-sessions", str(ns.sessions), "--sessions-per-client", str(ns.sessions))
     process, address, _ = peer_process.start(ns.model, *flags)
     try:
         peer = psutil.Process(process.pid)

@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--blocks", default="0:2")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--rpc-threads", type=int, default=ServerConfig().rpc_threads)
+    parser.add_argument("--max-sessions", type=int, default=ServerConfig().max_sessions)
     parser.add_argument("--sessions-per-client", type=int, default=LimitsConfig().sessions_per_client)
     parser.add_argument("--metrics", action="store_true", help="serve /metrics on a free port and print its address")
     parser.add_argument("--fuzz-limits", action="store_true", help="FUZZ's config instead of ServerConfig()'s")
@@ -75,7 +75,7 @@ def main() -> None:
     if not ns.fuzz_limits:
         limits = dataclasses.replace(config.limits, sessions_per_client=ns.sessions_per_client)
         config = dataclasses.replace(config, limits=limits)
-    config = dataclasses.replace(config, rpc_threads=ns.rpc_threads)
+    config = dataclasses.replace(config, max_sessions=ns.max_sessions)
     if not ns.fuzz_limits:
         config = dataclasses.replace(config, cache_tokens=ns.cache_tokens)
     span = load_span(ns.model, start_block, end_block, dtype=getattr(torch, ns.dtype), device=ns.device)

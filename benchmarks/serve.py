@@ -160,7 +160,7 @@ def two_peers(
 ) -> Iterator[tuple[list[PeerInfo], list[str]]]:
     """The peer processes (peer_process.py's `flags` added); yields their records and /metrics URLs."""
     flags = (
-        *flags, "--rpc-threads", str(max_sessions + 16), "--sessions-per-client", str(max_sessions), "--metrics",
+        *flags, "--max-sessions", str(max_sessions), "--sessions-per-client", str(max_sessions), "--metrics",
         "--cache-tokens", str(cache_tokens),
     )  # fmt: skip
     started, peers, urls = [], [], []

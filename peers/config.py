@@ -90,6 +90,7 @@ class PeerConfig:
             page_size=ns.page_size,
             max_batch_tokens=ns.max_batch_tokens,
             session_idle_s=ns.session_idle_s,
+            max_sessions=ns.max_sessions,
             max_message_bytes=ns.max_message_bytes,
             limits=limits,
             credentials=SwarmCredentials.choose(ns.credentials, ns.open),

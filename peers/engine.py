@@ -280,12 +280,10 @@ class Engine:
                 f"session preempted: this peer's KV cache ran out of pages ({self.pool.pages_total} pages of "
                 f"{self.pool.page_size} tokens); replay it here later or on another peer"
             )
-            del self._sessions[victim.session_id]
-            self._release(victim, error)
+            victims.append(self._drop(victim, error))
             self.preemptions += 1
             if self.metrics is not None:
                 self.metrics.preemptions.inc()
-            victims.append((victim.session_id, error))
         return victims
 
     def _refuse(self, session: _Session, needed: int) -> tuple[str, SwarmError]:
@@ -293,6 +291,11 @@ class Engine:
             f"KV cache is full: the session's first step needs {needed} pages, {self.pool.pages_free} of "
             f"{self.pool.pages_total} are free (some are kept for running sessions to grow)"
         )
+        return self._drop(session, error)
+
+    def _drop(self, session: _Session, error: SwarmError) -> tuple[str, SwarmError]:
+        """Forget `session`, give its pages back and fail its pending step with `error`. Under the lock; the
+        (id, error) pair returned is for `on_lost`, which the loop calls once the lock is let go."""
         del self._sessions[session.session_id]
         self._release(session, error)
         return session.session_id, error
@@ -310,12 +313,10 @@ class Engine:
         lost = []
         for session in idle:
             error = SessionNotFound(f"session {session.session_id!r} was closed after {limit:g} s without a step")
-            del self._sessions[session.session_id]
-            self._release(session, error)
+            lost.append(self._drop(session, error))
             self.idle_closes += 1
             if self.metrics is not None:
                 self.metrics.idle_closes.inc()
-            lost.append((session.session_id, error))
         return lost
 
     def _iterate(self, chunks: list[Chunk]) -> None:

@@ -7,7 +7,7 @@ refuses them with INVALID_ARGUMENT naming the message type, like any other bad i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,16 +39,17 @@ class Unparsable:
         return InvalidRequest(f"{self.size} bytes are not a valid {self.message} message: {self.reason}")
 
 
-def parsed(requests: Iterable[Any]) -> Iterator[Any]:
+async def parsed(requests: AsyncIterable[Any]) -> AsyncIterator[Any]:
     """The requests of a client stream; raises InvalidRequest at the first that did not parse."""
-    for request in requests:
+    async for request in requests:
         if isinstance(request, Unparsable):
             raise request.error()
         yield request
 
 
-def add_peer_service(servicer: object, server: grpc.Server) -> None:
-    """Serve every RPC of the Peer service (as proto/swarm.proto declares them) from `servicer`'s methods."""
+def add_peer_service(servicer: object, server: grpc.Server | grpc.aio.Server) -> None:
+    """Serve every RPC of the Peer service (as proto/swarm.proto declares them) from `servicer`'s methods, which
+    may be plain functions or, on an asyncio server, coroutines and async generators."""
     handlers = {}
     for method in pb.DESCRIPTOR.services_by_name["Peer"].methods:
         request_type = getattr(pb, method.input_type.name)

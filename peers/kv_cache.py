@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from swarm.errors import Overloaded
+
+if TYPE_CHECKING:
+    from swarm.partition import BlockSpan
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +32,11 @@ class PoolShape:
     def __post_init__(self) -> None:
         if min(self.num_layers, self.num_pages, self.page_size, self.kv_heads, self.head_dim) < 1:
             raise ValueError(f"every dimension of the KV pool must be >= 1, got {self}")
+
+    @classmethod
+    def for_span(cls, span: BlockSpan, num_pages: int, page_size: int) -> PoolShape:
+        """`num_pages` pages of `page_size` tokens for every block of `span`."""
+        return cls(span.end - span.start, num_pages, page_size, span.cfg.num_kv_heads, span.cfg.head_dim)
 
     def pages_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.page_size)

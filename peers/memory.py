@@ -9,8 +9,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
+from peers.kv_cache import PoolShape
 from swarm.errors import InvalidRequest
 from swarm.partition.llama import BlockConfig
 
@@ -115,15 +114,14 @@ def kv_pool_pages(
     Raises:
         InvalidRequest: not even one page fits.
     """
-    layers, element = span.end - span.start, torch.empty((), dtype=span.dtype).element_size()
-    per_page = 2 * layers * page_size * span.cfg.num_kv_heads * span.cfg.head_dim * element
+    per_page = PoolShape.for_span(span, 1, page_size).bytes_per_page(span.dtype)
     if cache_gib is not None:
         pages, source = int(cache_gib * GIB) // per_page, f"{cache_gib} GiB"
     elif cache_tokens is not None:
         pages, source = math.ceil(cache_tokens / page_size), f"{cache_tokens} tokens"
     else:
         free = available_memory_bytes(span.device.type) * (HOST_POOL_SHARE if span.device.type == "cpu" else 1.0)
-        free = int(free) - activation_bytes(span.cfg, max_batch_tokens, element)
+        free = int(free) - activation_bytes(span.cfg, max_batch_tokens, span.dtype.itemsize)
         pages, source = free // per_page, f"{free / GIB:.2f} GiB free after weights and activations"
     if pages < 1:
         raise InvalidRequest(f"no KV page fits in {source} (a page of {page_size} tokens is {per_page} bytes)")

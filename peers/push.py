@@ -3,10 +3,11 @@ peer, and the sender that pushes this peer's output to the next one. Used by pee
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -18,10 +19,12 @@ from swarm.security import SwarmCredentials
 logger = logging.getLogger(__name__)
 
 _END = object()
+_WAKE = object()  # wakes the serving loop to look at a failure
 # The push happens before this peer answers the client, so it must fail fast: a next peer that hangs would
 # otherwise delay this answer past the client's step deadline and get this (healthy) peer blamed. On a failed
 # push the client sends the step itself.
 PUSH_TIMEOUT_S = 0.5
+PUSH_THREADS = 32  # pushes in flight at once; a push holds a thread only while it is sent
 # Messages a session may have waiting: a client sends one step and waits for its answer, a push may come beside
 # it, and chunks of a big step are taken out at once (their bytes are bounded by LimitsConfig.stream_bytes). A
 # client that sends faster is held back by gRPC flow control, since the reader stops reading.
@@ -30,62 +33,62 @@ PUSH_WAIT_S = 0.25  # a push waits this long for room in a full inbox, then is r
 
 
 class Inbox:
-    """Steps of one session in arrival order, whether the client sent them on its stream or a peer pushed them."""
+    """Steps of one session in arrival order, whether the client sent them on its stream or a peer pushed them.
 
-    def __init__(self, requests: Iterable[pb.InferenceRequest]) -> None:
-        self._items: queue.Queue[object] = queue.Queue(INBOX_MESSAGES)
-        self._closed = threading.Event()
-        self._reader = threading.Thread(target=self._read, args=(iter(requests),), daemon=True)
-        self._reader.start()
+    Lives on the serving loop (peers/serving_loop.py): a task reads the client's stream into a bounded queue, and
+    the session's handler iterates `steps()`. Only `fail` may be called from another thread."""
 
-    def _read(self, requests: Iterator[pb.InferenceRequest]) -> None:
+    def __init__(self, requests: AsyncIterator[pb.InferenceRequest]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._items: asyncio.Queue[object] = asyncio.Queue(INBOX_MESSAGES)
+        self._failure: BaseException | None = None
+        self._reader = asyncio.create_task(self._read(requests))
+
+    async def _read(self, requests: AsyncIterator[pb.InferenceRequest]) -> None:
         try:
-            for request in requests:
+            async for request in requests:
                 if request.WhichOneof("kind") != "step":
-                    self._put(InvalidRequest("after `open`, an inference stream carries only `step` messages"))
+                    error = InvalidRequest("after `open`, an inference stream carries only `step` messages")
+                    await self._items.put(error)
                     return
-                if not self._put(("client", request.step)):
-                    return
-        except (grpc.RpcError, InvalidRequest) as error:  # the client went away, or sent garbage: the loop raises it
-            self._put(error)
-        finally:
-            self._put(_END)
+                await self._items.put(("client", request.step))
+        except Exception as error:  # the client went away, or sent garbage: the serving loop raises it
+            await self._items.put(error)
+            return
+        await self._items.put(_END)
 
-    def _put(self, item: object) -> bool:
-        """Wait for room; False once the serving loop has closed the inbox (nobody will read any more)."""
-        while not self._closed.is_set():
-            try:
-                self._items.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def push(self, step: pb.InferenceStep) -> None:
+    async def push(self, step: pb.InferenceStep) -> None:
         """Raises Overloaded when the session's inbox stays full for PUSH_WAIT_S."""
         try:
-            self._items.put(("push", step), timeout=PUSH_WAIT_S)
-        except queue.Full:
+            await asyncio.wait_for(self._items.put(("push", step)), PUSH_WAIT_S)
+        except TimeoutError:
             raise Overloaded(f"the session's inbox is full ({INBOX_MESSAGES} messages waiting)") from None
 
     def fail(self, error: BaseException) -> None:
-        """End the session with `error` (the engine preempted it or closed it for idleness): the serving loop raises
-        it once it has taken what came before."""
-        self._put(error)
+        """End the session with `error` (the engine preempted it or closed it for idleness). Thread-safe."""
+        self._loop.call_soon_threadsafe(self._fail, error)
+
+    def _fail(self, error: BaseException) -> None:
+        self._failure = error
+        if not self._items.full():  # a full queue is being taken from: the failure is seen at the next step
+            self._items.put_nowait(_WAKE)
 
     def close(self) -> None:
-        """The serving loop is done: stop reading and let the reader thread go."""
-        self._closed.set()
+        """The serving loop is done: stop reading the client's stream."""
+        self._reader.cancel()
 
-    def __iter__(self) -> Iterator[tuple[str, pb.InferenceStep]]:
+    async def steps(self) -> AsyncIterator[tuple[str, pb.InferenceStep]]:
         """(source, step) pairs; source is "client" or "push"."""
         while True:
-            item = self._items.get()
+            if self._failure is not None:
+                raise self._failure
+            item = await self._items.get()
             if item is _END:
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield item  # type: ignore[misc]
+            if item is not _WAKE:
+                yield item  # type: ignore[misc]
 
 
 class Inboxes:
@@ -93,7 +96,7 @@ class Inboxes:
 
     def __init__(self) -> None:
         self._inboxes: dict[str, Inbox] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the engine's thread calls `fail`
 
     def add(self, session_id: str, inbox: Inbox) -> None:
         with self._lock:
@@ -104,19 +107,19 @@ class Inboxes:
             self._inboxes.pop(session_id, None)
 
     def fail(self, session_id: str, error: BaseException) -> None:
-        """End that session's stream with `error`, if it is still open."""
+        """End that session's stream with `error`, if it is still open. Thread-safe."""
         with self._lock:
             inbox = self._inboxes.get(session_id)
         if inbox is not None:
             inbox.fail(error)
 
-    def deliver(self, session_id: str, step: pb.InferenceStep) -> None:
+    async def deliver(self, session_id: str, step: pb.InferenceStep) -> None:
         """Raises SessionNotFound (NOT_FOUND) when no open session has this id."""
         with self._lock:
             inbox = self._inboxes.get(session_id)
         if inbox is None:
             raise SessionNotFound(f"session {session_id!r} is not open on this peer")
-        inbox.push(step)
+        await inbox.push(step)
 
 
 class Pusher:
@@ -126,6 +129,15 @@ class Pusher:
     def __init__(self, max_message_bytes: int, credentials: SwarmCredentials) -> None:
         self.max_message_bytes = max_message_bytes
         self._stubs = PeerStubs(credentials, max_message_bytes)
+        self._threads = ThreadPoolExecutor(PUSH_THREADS, thread_name_prefix="peer-push")
+
+    async def send(self, targets: list[pb.PushTarget], step_id: int, position: int, output: pb.Tensor) -> bool:
+        """`push` from the serving loop, without blocking it."""
+        if not targets:
+            return False
+        return await asyncio.get_running_loop().run_in_executor(
+            self._threads, self.push, targets, step_id, position, output
+        )
 
     def push(self, targets: list[pb.PushTarget], step_id: int, position: int, output: pb.Tensor) -> bool:
         if not targets or output.ByteSize() > self.max_message_bytes - 4096:
@@ -141,4 +153,5 @@ class Pusher:
             return False
 
     def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
         self._stubs.close()

@@ -6,9 +6,11 @@ Called by the stage actor (peers/actor.py) and by tests that serve a span in-pro
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from dataclasses import dataclass, field
 
+import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -22,12 +24,12 @@ from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner
 from peers.scheduler import TaskKind
 from peers.service import PeerService, ServiceConfig
+from peers.serving_loop import serving_loop
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import CredentialsError
 from swarm.partition import BlockSpan
 from swarm.security import SwarmCredentials
 
-RESERVED_RPC_THREADS = 8  # kept free of inference streams for Push, Forward, Info and Health
 # Keepalive: pings on idle connections find peers and clients that vanished without closing (a host gone, a cable
 # pulled), so their streams end and their sessions give their pages back.
 KEEPALIVE_OPTIONS = [
@@ -53,14 +55,16 @@ class ServerConfig:
     page_size: int = 16  # tokens per KV page
     max_session_length: int = 8192
     session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
-    rpc_threads: int = 600  # concurrent RPCs (each open inference stream holds one)
+    max_sessions: int = 1024  # open inference sessions; each is a coroutine on the serving loop, not a thread
+    rpc_threads: int = 32  # threads for the plain RPCs (Forward, Backward, Info, Health) running at once
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
     output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
     # SwarmCredentials.load(DIR) for a private swarm, SwarmCredentials.open() for an open one; None refuses to serve
     credentials: SwarmCredentials | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_request_tokens", "max_batch_tokens", "cache_tokens", "page_size", "max_session_length"):
+        positive = ("max_request_tokens", "max_batch_tokens", "cache_tokens", "page_size", "max_session_length")
+        for name in (*positive, "max_sessions", "rpc_threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.cache_gib is not None and self.cache_gib <= 0:
@@ -95,7 +99,7 @@ class PeerServer:
             span.cfg.num_layers,
             config.max_message_bytes,
             config.max_session_length,
-            max_sessions=max(1, config.rpc_threads - RESERVED_RPC_THREADS),
+            max_sessions=config.max_sessions,
             limits=config.limits,
             stream_bytes=config.limits.stream_bytes
             or stream_bytes_for(config.max_request_tokens, span.cfg.hidden_size, config.max_message_bytes),
@@ -105,21 +109,28 @@ class PeerServer:
         self.service = PeerService(self.backend, self.engine, service, self.metrics)
         self._bind_gauges()
         self.health = health.HealthServicer()
+        self._loop = serving_loop()
+        self._server = self._loop.run(self._serve_on_loop())
+        self.address = f"{config.host}:{self.port}"
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def _serve_on_loop(self) -> grpc.aio.Server:
+        """The asyncio gRPC server, made on the loop that will run it, listening but not started."""
+        config = self.config
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),
             *KEEPALIVE_OPTIONS,
         ]
-        self._server = config.credentials.server(config.rpc_threads, options)
-        add_peer_service(self.service, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = config.credentials.add_port(self._server, f"{config.host}:{config.port}")
-        self.address = f"{config.host}:{self.port}"
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        server = config.credentials.aio_server(config.rpc_threads, options)
+        add_peer_service(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        self.port = config.credentials.add_port(server, f"{config.host}:{config.port}")
+        return server
 
     def start(self) -> None:
-        self._server.start()
+        self._loop.run(self._server.start())
         self.service.state = pb.PEER_STATE_ONLINE
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
@@ -146,7 +157,7 @@ class PeerServer:
         while (self.engine.open_sessions or self.engine.queue_length) and time.monotonic() < deadline:
             time.sleep(0.05)
         remaining = max(deadline - time.monotonic(), 0.0)
-        finished = self._server.stop(remaining).wait(remaining + 1.0)
+        finished = self._stop_serving(remaining)
         settle = time.monotonic() + 1.0  # handlers release their sessions in `finally`, just after stop()
         while self.engine.open_sessions and time.monotonic() < settle:
             time.sleep(0.02)
@@ -154,9 +165,17 @@ class PeerServer:
         return self.engine.shutdown(timeout_s=1.0) and finished and not self.engine.open_sessions
 
     def stop(self) -> None:
-        self._server.stop(0).wait(5.0)
+        self._stop_serving(0.0)
         self.engine.shutdown(timeout_s=5.0)
         self.service.pusher.close()
+
+    def _stop_serving(self, grace_s: float) -> bool:
+        """Stop the gRPC server: calls still running after `grace_s` are cancelled. True if it stopped in time."""
+        try:
+            self._loop.run(self._server.stop(grace_s), timeout_s=grace_s + 5.0)
+        except concurrent.futures.TimeoutError:
+            return False
+        return True
 
     def _bind_gauges(self) -> None:
         m, engine, pool = self.metrics, self.engine, self.pool
@@ -185,4 +204,4 @@ class PeerServer:
 def pool_shape(span: BlockSpan, config: ServerConfig) -> PoolShape:
     """The pool's pages (kv_pool_pages: the configured size, or the device's free memory) for every block."""
     pages = kv_pool_pages(span, config.page_size, config.cache_tokens, config.cache_gib, config.max_batch_tokens)
-    return PoolShape(span.end - span.start, pages, config.page_size, span.cfg.num_kv_heads, span.cfg.head_dim)
+    return PoolShape.for_span(span, pages, config.page_size)

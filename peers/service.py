@@ -1,14 +1,15 @@
-"""The peer's gRPC servicer: decode -> validate -> hand to the engine -> encode, with the one error table applied.
+"""The peer's gRPC servicer: decode -> validate -> hand to the engine -> encode, with the one error table
+(peers/rpc_status.py) applied. Inference streams and Push are coroutines on the serving loop; the rest run on threads.
 
 Below this module there are no gRPC types: the engine sees sessions and tensors, the scheduler sees token counts.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
+import asyncio
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +18,10 @@ import torch
 
 from peers.backend import ForwardJob, SpanBackend
 from peers.engine import Engine
-from peers.handlers import Unparsable, parsed
 from peers.limits import Admission, LimitsConfig, SessionBudget, StreamBudget, client_key
 from peers.metrics import PeerMetrics
 from peers.push import Inbox, Inboxes, Pusher
+from peers.rpc_status import answers_errors
 from peers.scheduler import TaskKind
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
@@ -28,16 +29,12 @@ from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
 from swarm.codec.base import TORCH_TO_WIRE_DTYPE
 from swarm.errors import (
     InvalidRequest,
-    LimitExceeded,
     Overloaded,
     PeerUnavailable,
     SwarmError,
     UnknownCodecError,
-    status_for,
 )
 from swarm.security import SwarmCredentials
-
-logger = logging.getLogger(__name__)
 
 STATE_NAMES = {pb.PEER_STATE_JOINING: "JOINING", pb.PEER_STATE_ONLINE: "ONLINE", pb.PEER_STATE_DRAINING: "DRAINING"}
 
@@ -49,68 +46,13 @@ class ServiceConfig:
     num_blocks_total: int
     max_message_bytes: int  # largest message accepted or sent; bigger tensors travel on the *Stream RPCs
     max_session_length: int  # tokens per sequence an inference session may reserve
-    max_sessions: int  # open inference streams; each holds an RPC thread, so some threads stay free for the rest
+    max_sessions: int  # open inference sessions (coroutines on the serving loop, no thread each)
     credentials: SwarmCredentials  # how this peer calls the next one (Push)
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
     stream_bytes: int = 64 << 20  # bytes one chunked tensor may hold on the peer: LimitsConfig.stream_bytes, resolved
     # FAULT INJECTION, for tests only: Gaussian noise of this std x the output's RMS is added to every output, as a
     # broken or dishonest peer would (tests/integration/security/test_verify.py). Never set it on a real peer.
     output_noise_std: float = 0.0
-
-
-def answers_errors(method: Callable) -> Callable:
-    """Turn exceptions into gRPC statuses through swarm.errors; works for unary and streaming handlers."""
-
-    rpc = method.__name__
-
-    def abort(service: PeerService, context: grpc.ServicerContext, error: BaseException) -> None:
-        code = status_for(error)
-        if isinstance(error, LimitExceeded):
-            service.metrics.limit_refusals.labels(limit=error.limit).inc()
-        if code is grpc.StatusCode.INTERNAL:
-            logger.exception("peer=%s rpc=%s failed unexpectedly", service.config.peer_id, rpc)
-        service.metrics.requests.labels(rpc=rpc, status=code.name).inc()
-        context.abort(code, f"{type(error).__name__}: {error}")
-
-    def succeeded(service: PeerService, started: float) -> None:
-        service.metrics.requests.labels(rpc=rpc, status="OK").inc()
-        if rpc != "Inference":  # steps are timed one by one in _serve_steps
-            service.metrics.latency.labels(rpc=rpc).observe(time.perf_counter() - started)
-
-    if rpc in {"ForwardStream", "BackwardStream", "Inference"}:
-
-        @functools.wraps(method)
-        def streaming(self: PeerService, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            started = time.perf_counter()
-            try:
-                self.admission.request(client_key(context))
-                yield from method(self, parsed(request), context)
-            except grpc.RpcError:
-                if context.is_active():
-                    raise
-                logger.info("peer=%s rpc=%s the client went away", self.config.peer_id, rpc)
-                self.metrics.requests.labels(rpc=rpc, status="CANCELLED").inc()
-                return
-            except Exception as error:
-                abort(self, context, error)
-            succeeded(self, started)
-
-        return streaming
-
-    @functools.wraps(method)
-    def unary(self: PeerService, request: Any, context: grpc.ServicerContext) -> Any:
-        started = time.perf_counter()
-        try:
-            self.admission.request(client_key(context))
-            if isinstance(request, Unparsable):
-                raise request.error()
-            response = method(self, request, context)
-        except Exception as error:
-            abort(self, context, error)
-        succeeded(self, started)
-        return response
-
-    return unary
 
 
 class PeerService(pb_grpc.PeerServicer):
@@ -121,65 +63,80 @@ class PeerService(pb_grpc.PeerServicer):
         self.state: int = pb.PEER_STATE_JOINING
         self.inboxes = Inboxes()
         self.pusher = Pusher(config.max_message_bytes, config.credentials)
-        engine.on_lost = self.inboxes.fail  # preempted or idle: the session's stream ends with that error
+        engine.on_lost = self.inboxes.fail  # preempted or idle: the stream ends with that error (thread-safe)
 
     # ---- stateless compute ----
 
     @answers_errors
     def Forward(self, request: pb.ForwardRequest, context: grpc.ServicerContext) -> pb.ForwardResponse:
-        output, choice = self._forward(request, request.hidden_states)
-        return pb.ForwardResponse(hidden_states=self._encode_one(output, choice), request_id=request.request_id)
+        future, choice = self._submit_forward(request, request.hidden_states)
+        output = self._encode_one(future.result(), choice)
+        return pb.ForwardResponse(hidden_states=output, request_id=request.request_id)
 
     @answers_errors
-    def ForwardStream(self, requests: Iterable[pb.ForwardRequest], context: grpc.ServicerContext) -> Iterator:
-        parts = _read_stream(requests, StreamBudget(self.config.stream_bytes, "ForwardStream"))
+    async def ForwardStream(
+        self, requests: AsyncIterator[pb.ForwardRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ForwardResponse]:
+        parts = await _read_stream(requests, StreamBudget(self.config.stream_bytes, "ForwardStream"))
         first, tensor = _collect(parts, "hidden_states")
-        output, choice = self._forward(first, tensor)
-        for chunk in split(self._encode(output, choice), self.config.max_message_bytes):
+        # Decoding and encoding up to stream_bytes of tensors run on a thread: the loop keeps serving sessions.
+        future, choice = await asyncio.to_thread(self._submit_forward, first, tensor)
+        output = await asyncio.to_thread(self._encode, await asyncio.wrap_future(future), choice)
+        for chunk in split(output, self.config.max_message_bytes):
             yield pb.ForwardResponse(hidden_states=chunk, request_id=first.request_id)
 
     @answers_errors
     def Backward(self, request: pb.BackwardRequest, context: grpc.ServicerContext) -> pb.BackwardResponse:
-        grads, choice = self._backward(request, request.hidden_states, request.grad_outputs)
-        return pb.BackwardResponse(grad_inputs=self._encode_one(grads, choice), request_id=request.request_id)
+        future, choice = self._submit_backward(request, request.hidden_states, request.grad_outputs)
+        grads = self._encode_one(future.result(), choice)
+        return pb.BackwardResponse(grad_inputs=grads, request_id=request.request_id)
 
     @answers_errors
-    def BackwardStream(self, requests: Iterable[pb.BackwardRequest], context: grpc.ServicerContext) -> Iterator:
-        parts = _read_stream(requests, StreamBudget(2 * self.config.stream_bytes, "BackwardStream (two tensors)"))
+    async def BackwardStream(
+        self, requests: AsyncIterator[pb.BackwardRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.BackwardResponse]:
+        budget = StreamBudget(2 * self.config.stream_bytes, "BackwardStream (two tensors)")
+        parts = await _read_stream(requests, budget)
         first, hidden = _collect(parts, "hidden_states")
         _, grad_outputs = _collect(parts, "grad_outputs")
-        grads, choice = self._backward(first, hidden, grad_outputs)
-        for chunk in split(self._encode(grads, choice), self.config.max_message_bytes):
+        future, choice = await asyncio.to_thread(self._submit_backward, first, hidden, grad_outputs)
+        grads = await asyncio.to_thread(self._encode, await asyncio.wrap_future(future), choice)
+        for chunk in split(grads, self.config.max_message_bytes):
             yield pb.BackwardResponse(grad_inputs=chunk, request_id=first.request_id)
 
-    def _forward(self, request: pb.ForwardRequest, tensor: pb.Tensor) -> tuple[torch.Tensor, pb.CodecChoice]:
+    def _submit_forward(self, request: pb.ForwardRequest, tensor: pb.Tensor) -> tuple[Future, pb.CodecChoice]:
+        """Check and decode a forward, queue it to the engine; its future gives the span's output."""
         _check_version(request.protocol_version)
         blocks = self.backend.blocks(request.start_block, request.end_block)
         hidden = self._decode_checked(tensor, "hidden_states")
         self.backend.check_position(request.position, hidden.shape[1])
+        choice = self._response_codec(request.response_codec, tensor)
         job = ForwardJob(hidden, int(request.position), blocks)
         key = (blocks.start, blocks.stop, job.position, hidden.shape[1], hidden.dtype)
-        future = self.engine.submit(TaskKind.FORWARD, job, tokens=hidden.shape[0] * hidden.shape[1], batch_key=key)
-        return future.result(), self._response_codec(request.response_codec, tensor)
+        return self.engine.submit(
+            TaskKind.FORWARD, job, tokens=hidden.shape[0] * hidden.shape[1], batch_key=key
+        ), choice
 
-    def _backward(
+    def _submit_backward(
         self, request: pb.BackwardRequest, hidden_msg: pb.Tensor, grad_msg: pb.Tensor
-    ) -> tuple[torch.Tensor, pb.CodecChoice]:
+    ) -> tuple[Future, pb.CodecChoice]:
+        """Check and decode a backward, queue it to the engine; its future gives the gradients of the inputs."""
         _check_version(request.protocol_version)
         blocks = self.backend.blocks(request.start_block, request.end_block)
         hidden = self._decode_checked(hidden_msg, "hidden_states")
         grads = self._decode_checked(grad_msg, "grad_outputs")
         self.backend.check_position(request.position, hidden.shape[1])
+        choice = self._response_codec(request.response_codec, grad_msg)
         payload = (hidden, grads, int(request.position), blocks)
-        future = self.engine.submit(TaskKind.BACKWARD, payload, tokens=hidden.shape[0] * hidden.shape[1])
-        return future.result(), self._response_codec(request.response_codec, grad_msg)
+        return self.engine.submit(TaskKind.BACKWARD, payload, tokens=hidden.shape[0] * hidden.shape[1]), choice
 
     # ---- inference sessions ----
 
     @answers_errors
-    def Inference(self, requests: Iterable[pb.InferenceRequest], context: grpc.ServicerContext) -> Iterator:
-        requests = iter(requests)
-        opening = next(requests, None)
+    async def Inference(
+        self, requests: AsyncIterator[pb.InferenceRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.InferenceResponse]:
+        opening = await anext(requests, None)
         if opening is None or opening.WhichOneof("kind") != "open":
             raise InvalidRequest("an inference stream must start with an `open` message")
         client = client_key(context)
@@ -188,21 +145,22 @@ class PeerService(pb_grpc.PeerServicer):
             inbox = Inbox(requests)
             self.inboxes.add(session_id, inbox)
             try:
-                yield from self._serve_steps(session_id, choice, inbox, _Steps(client, budget))
+                async for response in self._serve_steps(session_id, choice, inbox, _Steps(client, budget)):
+                    yield response
             finally:
                 inbox.close()
                 self.inboxes.remove(session_id)
                 self.engine.close(session_id)
 
     @answers_errors
-    def Push(self, request: pb.PushRequest, context: grpc.ServicerContext) -> pb.PushResponse:
+    async def Push(self, request: pb.PushRequest, context: grpc.aio.ServicerContext) -> pb.PushResponse:
         _check_version(request.protocol_version)
         if request.step.hidden_states.num_chunks > 1:
             raise InvalidRequest("a pushed step carries one whole tensor, not a chunk")
         # Checked here, so that a bad push is refused to its sender (who then reports pushed=false to the client)
         # instead of ending the session it was meant for.
         self._decode_checked(request.step.hidden_states, "step.hidden_states", counted=False)
-        self.inboxes.deliver(request.session_id, request.step)
+        await self.inboxes.deliver(request.session_id, request.step)
         return pb.PushResponse()
 
     def _open_session(self, opening: pb.InferenceOpen) -> tuple[str, pb.CodecChoice]:
@@ -222,13 +180,13 @@ class PeerService(pb_grpc.PeerServicer):
         self.engine.open(opening.session_id, blocks, opening.batch_size, opening.max_length)
         return opening.session_id, choice
 
-    def _serve_steps(
+    async def _serve_steps(
         self, session_id: str, choice: pb.CodecChoice, inbox: Inbox, steps: _Steps
-    ) -> Iterator[pb.InferenceResponse]:
+    ) -> AsyncIterator[pb.InferenceResponse]:
         chunks: dict[tuple[str, int], list[pb.Tensor]] = {}
         held = StreamBudget(self.config.stream_bytes, f"session {session_id}'s unfinished chunked steps")
         done: set[int] = set()  # at most one per token of the session (bounded by session_tokens)
-        for source, step in inbox:
+        async for source, step in inbox.steps():
             if step.step_id in done:
                 continue  # already run: pushed by the previous peer and then sent by the client too
             parts = chunks.setdefault((source, step.step_id), [])  # a pushed copy and the client's never mix
@@ -243,11 +201,11 @@ class PeerService(pb_grpc.PeerServicer):
             hidden = self._decode_checked(join(parts), "hidden_states")
             steps.admit(self.admission, hidden.shape[0] * hidden.shape[1])
             started = time.perf_counter()
-            output = self.engine.step(session_id, hidden, int(step.position)).result()
+            output = await asyncio.wrap_future(self.engine.step(session_id, hidden, int(step.position)))
             encoded = self._encode(output, choice)
             self.metrics.latency.labels(rpc="Inference").observe(time.perf_counter() - started)
             done.add(step.step_id)
-            pushed = self.pusher.push(list(step.push_to), step.step_id, step.position, encoded)
+            pushed = await self.pusher.send(list(step.push_to), step.step_id, step.position, encoded)
             for chunk in split(encoded, self.config.max_message_bytes):
                 yield pb.InferenceResponse(
                     step_id=step.step_id, position=step.position + hidden.shape[1], hidden_states=chunk, pushed=pushed
@@ -337,10 +295,10 @@ class _Steps:
         self.budget.spend(tokens)
 
 
-def _read_stream(requests: Iterable[Any], budget: StreamBudget) -> list[Any]:
+async def _read_stream(requests: AsyncIterator[Any], budget: StreamBudget) -> list[Any]:
     """Every message of a client stream, refusing (LimitExceeded) once they hold more than the budget."""
     parts = []
-    for request in requests:
+    async for request in requests:
         budget.take(request.ByteSize())
         parts.append(request)
     return parts

@@ -85,6 +85,9 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--session-idle-s", type=float, default=300.0, help="close a session after this many seconds without a step"
     )
+    parser.add_argument(
+        "--max-sessions", type=int, default=1024, help="open inference sessions, all clients together (no thread each)"
+    )
     parser.add_argument("--ttl", type=float, default=30.0, help="seconds a record lives without a refresh")
     parser.add_argument("--announce-period", type=float, default=None, help="refresh period (default: ttl / 3)")
     parser.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight work gets on SIGTERM")

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from swarm.errors import CredentialsError
 from swarm.security.call_auth import CallSigner, CallVerifier
-from swarm.security.interceptors import CallSigningInterceptor, MemberAuthInterceptor
+from swarm.security.interceptors import AsyncMemberAuthInterceptor, CallSigningInterceptor, MemberAuthInterceptor
 from swarm.security.keys import CA_CERT, CA_KEY, MEMBER_CERT, MEMBER_KEY, TLS_NAME
 from swarm.security.members import MemberVerifier, NotAMember
 
@@ -115,6 +115,16 @@ class SwarmCredentials:
         """A gRPC server whose every call is checked (private swarm) or not (open swarm)."""
         interceptors = [] if self.is_open else [MemberAuthInterceptor(CallVerifier(MemberVerifier(self.ca_pem)))]
         return grpc.server(futures.ThreadPoolExecutor(max_workers), options=list(options), interceptors=interceptors)
+
+    def aio_server(self, sync_threads: int, options: Options = ()) -> grpc.aio.Server:
+        """An asyncio gRPC server, checked like `server`; its plain (non-async) handlers run on `sync_threads`
+        threads. Call it inside the event loop that will run it."""
+        verifier = None if self.is_open else CallVerifier(MemberVerifier(self.ca_pem))
+        return grpc.aio.server(
+            migration_thread_pool=futures.ThreadPoolExecutor(sync_threads),
+            options=list(options),
+            interceptors=[] if verifier is None else [AsyncMemberAuthInterceptor(verifier)],
+        )
 
     def add_port(self, server: grpc.Server, address: str) -> int:
         """Listen on `address` (host:port, port 0 for any): TLS with the member certificate, or plaintext."""

@@ -77,19 +77,22 @@ def test_paged_span_on_cuda_equals_hugging_face_in_fp32(checkpoint: Path) -> Non
     """Prompt then token by token through an fp32 peer's engine on the GPU: the last block's output equals the
     hidden state Hugging Face computes before its final norm."""
     model = hf_model(checkpoint, torch.float32)
-    server = PeerServer(load_span(checkpoint, 0, BLOCKS, device="cuda"), ServerConfig(credentials=OPEN))
-    ids = torch.randint(0, 512, (1, 24), device="cuda")
-    with torch.inference_mode():
-        expected = _last_block_output(model, ids)
-        embeds = model.model.embed_tokens(ids)
-        server.engine.open("s", range(0, BLOCKS), 1, 64)
-        outputs = [server.engine.step("s", embeds[:, :16], 0).result(60)]
-        outputs += [server.engine.step("s", embeds[:, i : i + 1], i).result(60) for i in range(16, 24)]
-        server.engine.close("s")
-    got = torch.cat(outputs, dim=1)
-    assert got.device.type == "cuda"
-    assert relative_error(got, expected) < 1e-5
-    server.stop()
+    config = ServerConfig(credentials=OPEN, cache_tokens=256)  # not the default: a pool of all the free GPU memory
+    server = PeerServer(load_span(checkpoint, 0, BLOCKS, device="cuda"), config)
+    try:
+        ids = torch.randint(0, 512, (1, 24), device="cuda")
+        with torch.inference_mode():
+            expected = _last_block_output(model, ids)
+            embeds = model.model.embed_tokens(ids)
+            server.engine.open("s", range(0, BLOCKS), 1, 64)
+            outputs = [server.engine.step("s", embeds[:, :16], 0).result(60)]
+            outputs += [server.engine.step("s", embeds[:, i : i + 1], i).result(60) for i in range(16, 24)]
+            server.engine.close("s")
+        got = torch.cat(outputs, dim=1)
+        assert got.device.type == "cuda"
+        assert relative_error(got, expected) < 1e-5
+    finally:
+        server.stop()
 
 
 def _last_block_output(model: LlamaForCausalLM, ids: torch.Tensor) -> torch.Tensor:

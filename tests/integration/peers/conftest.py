@@ -10,10 +10,9 @@ import pytest
 
 from peers.server import PeerServer, ServerConfig
 from swarm._proto import swarm_pb2_grpc as pb_grpc
-from swarm.partition import load_span
 from swarm.security import SwarmCredentials
 
-SPLIT = 15
+from .wire import smollm2_halves
 
 
 @pytest.fixture(scope="session")
@@ -21,15 +20,8 @@ def peer_servers(smollm2_path: Path) -> Iterator[list[PeerServer]]:
     config = ServerConfig(
         cache_tokens=4096, max_session_length=1024, max_request_tokens=4096, credentials=SwarmCredentials.open()
     )
-    servers = [
-        PeerServer(load_span(smollm2_path, start, end), config, peer_id=f"peer-{start}", model="smollm2")
-        for start, end in ((0, SPLIT), (SPLIT, 30))
-    ]
-    for server in servers:
-        server.start()
-    yield servers
-    for server in servers:
-        server.stop()
+    with smollm2_halves(smollm2_path, config, "peer", model="smollm2") as servers:
+        yield servers
 
 
 @pytest.fixture(scope="session")

@@ -22,12 +22,12 @@ import torch
 from peers.server import PeerServer, ServerConfig
 from swarm.client import InferenceSession, SpanSession
 from swarm.codec import CodecId
-from swarm.partition import ClientHead, load_client_head, load_span
+from swarm.partition import ClientHead, load_client_head
 from swarm.router import MinLatencyRouter
 from swarm.security import SwarmCredentials
 from swarm.types import Hop, Span
 
-from .wire import peer_info
+from .wire import peer_info, smollm2_halves
 
 OPEN = SwarmCredentials.open()
 PROMPTS = [
@@ -150,15 +150,8 @@ def test_eight_concurrent_greedy_generations_equal_hugging_face(peer_servers, he
 def small_pool_servers(smollm2_path: Path) -> Iterator[list[PeerServer]]:
     """Pools of 192 tokens: room for about four of the eight generations below at once."""
     config = ServerConfig(cache_tokens=192, page_size=8, max_session_length=128, credentials=OPEN, session_idle_s=4)
-    servers = [
-        PeerServer(load_span(smollm2_path, start, end), config, peer_id=f"small-{start}", model="smollm2")
-        for start, end in ((0, 15), (15, 30))
-    ]
-    for server in servers:
-        server.start()
-    yield servers
-    for server in servers:
-        server.stop()
+    with smollm2_halves(smollm2_path, config, "small", model="smollm2") as servers:
+        yield servers
 
 
 def test_a_pool_too_small_for_every_session_preempts_and_every_generation_completes(

@@ -15,13 +15,12 @@ from peers.server import PeerServer, ServerConfig
 from swarm.client import InferenceSession, RemoteSequential
 from swarm.codec import CodecId
 from swarm.errors import InvalidRequest, MissingBlocks
-from swarm.partition import load_span
 from swarm.router import MinLatencyRouter, WiringRouter
 from swarm.security import SwarmCredentials
 from swarm.types import Span
 
 from .test_peer_rpc import forward
-from .wire import peer_info
+from .wire import peer_info, smollm2_halves
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
@@ -122,17 +121,8 @@ def test_missing_blocks_are_named(peer_servers) -> None:
 @pytest.fixture
 def replicas(smollm2_path: Path) -> Iterator[list[PeerServer]]:
     """A second copy of each span, started per test because failover tests stop them."""
-    servers = [
-        PeerServer(
-            load_span(smollm2_path, a, b), ServerConfig(cache_tokens=4096, credentials=OPEN), peer_id=f"replica-{a}"
-        )
-        for a, b in ((0, 15), (15, 30))
-    ]
-    for server in servers:
-        server.start()
-    yield servers
-    for server in servers:
-        server.stop()
+    with smollm2_halves(smollm2_path, ServerConfig(cache_tokens=4096, credentials=OPEN), "replica") as servers:
+        yield servers
 
 
 @pytest.mark.parametrize("victim", [0, 1])

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
 
+from peers.limits import CLIENT_METADATA
 from peers.server import PeerServer, ServerConfig
+from peers.serving_loop import serving_loop
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode
@@ -74,30 +78,69 @@ def test_drain_finishes_the_open_session_and_refuses_new_ones(smollm2_path: Path
         server.stop()
 
 
-def test_open_sessions_are_capped_below_the_rpc_threads(smollm2_path: Path) -> None:
-    """Each open stream holds an RPC thread; past the cap a new session is refused, and Push/Info still answer."""
+HELD_SESSIONS = 512
+
+
+def test_a_peer_holds_512_open_sessions_on_a_few_threads(smollm2_path: Path) -> None:
+    """Open sessions are coroutines, not threads: 512 streams, each past its first step, stay open on a peer with 4
+    RPC threads, the process gains no thread per session, the next session past max_sessions is refused, and
+    Info still answers."""
     server = PeerServer(
-        load_span(smollm2_path, 0, 2), ServerConfig(cache_tokens=640, rpc_threads=10, credentials=OPEN)
+        load_span(smollm2_path, 0, 2),
+        ServerConfig(cache_tokens=HELD_SESSIONS * 16, max_sessions=HELD_SESSIONS, rpc_threads=4, credentials=OPEN),
     )
     server.start()
-    channel = grpc.insecure_channel(server.address)
-    stub = pb_grpc.PeerStub(channel)
-    held: list[tuple[queue.Queue, object]] = []  # keep the calls: a dropped call is cancelled
+    threads_before = threading.active_count()
     try:
-        for _ in range(2):  # 10 threads - 8 reserved = 2 sessions
-            outgoing: queue.Queue = queue.Queue()
-            outgoing.put(open_message(uuid.uuid4().hex))
-            outgoing.put(step_message(0, 0, torch.randn(1, 1, 576)))
-            call = stub.Inference(iter(outgoing.get, None), timeout=60)
-            next(call)
-            held.append((outgoing, call))
-        with pytest.raises(grpc.RpcError) as refused:
-            list(stub.Inference(iter([open_message(uuid.uuid4().hex)]), timeout=10))
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "maximum of 2 open sessions" in refused.value.details()
-        assert stub.Info(pb.InfoRequest(), timeout=10).cache_tokens_free == 640 - 2 * 16
+        held = serving_loop().run(_hold_sessions(server, HELD_SESSIONS), timeout_s=240)
     finally:
-        for outgoing, _ in held:
-            outgoing.put(None)
-        channel.close()
         server.stop()
+    assert held["answered"] == HELD_SESSIONS
+    assert held["open_on_peer"] == HELD_SESSIONS
+    assert held["threads"] - threads_before < 16, held
+    assert held["refused"].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"maximum of {HELD_SESSIONS} open sessions" in held["refused"].details()
+    assert held["cache_tokens_free"] == 0  # one page of 16 tokens each
+
+
+async def _hold_sessions(server: PeerServer, count: int) -> dict:
+    """Open `count` sessions with one step each and keep them open while looking at the peer; on the test's side
+    an asyncio client, so that the client holds no thread per stream either."""
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = pb_grpc.PeerStub(channel)
+        outgoing = [asyncio.Queue() for _ in range(count)]
+        calls = []
+        for client, queue_ in enumerate(outgoing):  # 512 clients: one holds at most 16 sessions (LimitsConfig)
+            queue_.put_nowait(open_message(uuid.uuid4().hex))
+            queue_.put_nowait(step_message(0, 0, torch.randn(1, 1, 576)))
+            metadata = ((CLIENT_METADATA, f"client-{client}"),)
+            calls.append(stub.Inference(_drain(queue_), timeout=120, metadata=metadata))
+        answers = await asyncio.gather(*(call.read() for call in calls))
+        info = await stub.Info(pb.InfoRequest(), timeout=30)
+        metadata = ((CLIENT_METADATA, "one-more"),)
+        refused = stub.Inference(_drain_list([open_message(uuid.uuid4().hex)]), timeout=30, metadata=metadata)
+        try:
+            await refused.read()
+            error = None
+        except grpc.aio.AioRpcError as caught:
+            error = caught
+        held = {
+            "answered": sum(answer.step_id == 0 for answer in answers),
+            "open_on_peer": server.engine.open_sessions,
+            "threads": threading.active_count(),
+            "refused": error,
+            "cache_tokens_free": info.cache_tokens_free,
+        }
+        for queue_ in outgoing:
+            queue_.put_nowait(None)
+        return held
+
+
+async def _drain(messages: asyncio.Queue) -> AsyncIterator[pb.InferenceRequest]:
+    while (message := await messages.get()) is not None:
+        yield message
+
+
+async def _drain_list(messages: list[pb.InferenceRequest]) -> AsyncIterator[pb.InferenceRequest]:
+    for message in messages:
+        yield message

@@ -1,16 +1,38 @@
-"""Helpers shared by the peer tests: inference-stream request builders and PeerInfo for in-process servers."""
+"""Helpers shared by the peer tests (and the security tests): in-process servers on SmolLM2's two halves,
+inference-stream request builders and PeerInfo for in-process servers."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
-from peers.server import PeerServer
+from peers.server import PeerServer, ServerConfig
 from swarm._proto import swarm_pb2 as pb
 from swarm.codec import CodecId, encode
+from swarm.partition import load_span
 from swarm.types import PeerInfo, PeerState, Span
+
+HALVES = ((0, 15), (15, 30))  # SmolLM2's 30 blocks, split between two peers
+
+
+@contextmanager
+def smollm2_halves(checkpoint: Path, config: ServerConfig, prefix: str, model: str = "") -> Iterator[list[PeerServer]]:
+    """Two started peers serving HALVES of `checkpoint`, named f"{prefix}-{start}"; stopped on exit."""
+    servers = [
+        PeerServer(load_span(checkpoint, start, end), config, peer_id=f"{prefix}-{start}", model=model)
+        for start, end in HALVES
+    ]
+    for server in servers:
+        server.start()
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def session_requests(

@@ -28,7 +28,7 @@ def peer(smollm2_path: Path, request) -> Iterator[tuple[str, psutil.Process]]:
     peer_process.stop(process)
 
 
-@pytest.mark.parametrize("peer", [("--rpc-threads", "40", "--sessions-per-client", "32")], indirect=True)
+@pytest.mark.parametrize("peer", [("--max-sessions", "32", "--sessions-per-client", "32")], indirect=True)
 def test_32_concurrent_sessions_against_one_peer(peer, capsys) -> None:
     address, process = peer
     config = LoadConfig(sessions=32, seconds=15.0)

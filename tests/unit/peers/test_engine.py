@@ -55,7 +55,7 @@ def wait_for(condition, timeout_s: float = 5.0) -> bool:
 def make_engine(
     span: BlockSpan, pages: int, budget: int = 512, clock: Clock | None = None, gate: Gate | None = None
 ) -> Engine:
-    shape = PoolShape(span.end - span.start, pages, PAGE, span.cfg.num_kv_heads, span.cfg.head_dim)
+    shape = PoolShape.for_span(span, pages, PAGE)
     runner = ModelRunner(span, PagePool(shape, span.dtype, "cpu"))
     handlers = {TaskKind.FORWARD: gate or (lambda payloads: payloads)}
     return Engine(runner, handlers, EngineConfig(max_batch_tokens=budget), clock=clock or Clock())
@@ -272,7 +272,7 @@ def test_training_work_waits_while_steps_are_ready_and_a_failing_task_fails_alon
         return [p.upper() for p in payloads]
 
     gate = Gate()
-    shape = PoolShape(4, 64, PAGE, tiny_span.cfg.num_kv_heads, tiny_span.cfg.head_dim)
+    shape = PoolShape.for_span(tiny_span, 64, PAGE)
     runner = ModelRunner(tiny_span, PagePool(shape, tiny_span.dtype, "cpu"))
     engine = Engine(runner, {TaskKind.FORWARD: forward, TaskKind.BACKWARD: gate}, EngineConfig())
     try:

@@ -144,13 +144,19 @@ def test_flag_defaults_are_the_configs() -> None:
     config = PeerConfig.from_args(parse())
     assert config.server.limits == LimitsConfig()
     assert config.server.max_message_bytes == ServerConfig().max_message_bytes
-    engine_fields = ("cache_tokens", "page_size", "max_batch_tokens", "session_idle_s")
+    engine_fields = ("cache_tokens", "page_size", "max_batch_tokens", "session_idle_s", "max_sessions")
     assert [getattr(config.server, f) for f in engine_fields] == [getattr(ServerConfig(), f) for f in engine_fields]
 
 
 def test_engine_flags_reach_the_server_config() -> None:
-    server = PeerConfig.from_args(parse("--page-size=8", "--max-batch-tokens=512", "--session-idle-s=30")).server
-    assert (server.page_size, server.max_batch_tokens, server.session_idle_s) == (8, 512, 30.0)
+    flags = ("--page-size=8", "--max-batch-tokens=512", "--session-idle-s=30", "--max-sessions=2000")
+    server = PeerConfig.from_args(parse(*flags)).server
+    assert (server.page_size, server.max_batch_tokens, server.session_idle_s, server.max_sessions) == (
+        8,
+        512,
+        30.0,
+        2000,
+    )
     with pytest.raises(ValueError, match="page_size must be >= 1"):
         PeerConfig.from_args(parse("--page-size=0"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from peers import memory
+from peers.kv_cache import PoolShape
 from peers.memory import GIB, HOST_POOL_SHARE, activation_bytes, kv_pool_pages
 from swarm.errors import InvalidRequest
 from swarm.partition import BlockSpan
@@ -13,7 +14,7 @@ PAGE = 16
 
 
 def page_bytes(span: BlockSpan) -> int:
-    return 2 * (span.end - span.start) * PAGE * span.cfg.num_kv_heads * span.cfg.head_dim * 4  # fp32
+    return PoolShape.for_span(span, 1, PAGE).bytes_per_page(span.dtype)
 
 
 def test_a_size_in_gib_or_in_tokens_is_taken_as_given(tiny_span: BlockSpan) -> None:
