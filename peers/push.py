@@ -132,19 +132,17 @@ class Pusher:
         self._threads = ThreadPoolExecutor(PUSH_THREADS, thread_name_prefix="peer-push")
 
     async def send(self, targets: list[pb.PushTarget], step_id: int, position: int, output: pb.Tensor) -> bool:
-        """`push` from the serving loop, without blocking it."""
-        if not targets:
-            return False
-        return await asyncio.get_running_loop().run_in_executor(
-            self._threads, self.push, targets, step_id, position, output
-        )
-
-    def push(self, targets: list[pb.PushTarget], step_id: int, position: int, output: pb.Tensor) -> bool:
+        """Push `output` to the first target (the rest ride along); called on the serving loop, it waits for the
+        call on a push thread. False (the client then sends the step itself) when there is no target, the output
+        is too big for one message, or the push failed."""
         if not targets or output.ByteSize() > self.max_message_bytes - 4096:
             return False
         target, rest = targets[0], targets[1:]
         step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=output, push_to=rest)
         request = pb.PushRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, session_id=target.session_id, step=step)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self._push, target, request)
+
+    def _push(self, target: pb.PushTarget, request: pb.PushRequest) -> bool:
         try:
             self._stubs(target.address).Push(request, timeout=PUSH_TIMEOUT_S)
             return True

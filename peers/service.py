@@ -1,5 +1,6 @@
 """The peer's gRPC servicer: decode -> validate -> hand to the engine -> encode, with the one error table
-(peers/rpc_status.py) applied. Inference streams and Push are coroutines on the serving loop; the rest run on threads.
+(peers/rpc_status.py) applied. Inference, Push and the chunked streams are coroutines on the serving loop
+(peers/serving_loop.py); the unary Forward, Backward, Info and Health run on the server's threads.
 
 Below this module there are no gRPC types: the engine sees sessions and tensors, the scheduler sees token counts.
 """
@@ -113,9 +114,8 @@ class PeerService(pb_grpc.PeerServicer):
         choice = self._response_codec(request.response_codec, tensor)
         job = ForwardJob(hidden, int(request.position), blocks)
         key = (blocks.start, blocks.stop, job.position, hidden.shape[1], hidden.dtype)
-        return self.engine.submit(
-            TaskKind.FORWARD, job, tokens=hidden.shape[0] * hidden.shape[1], batch_key=key
-        ), choice
+        tokens = hidden.shape[0] * hidden.shape[1]
+        return self.engine.submit(TaskKind.FORWARD, job, tokens=tokens, batch_key=key), choice
 
     def _submit_backward(
         self, request: pb.BackwardRequest, hidden_msg: pb.Tensor, grad_msg: pb.Tensor
