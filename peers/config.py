@@ -105,7 +105,7 @@ class PeerConfig:
             model_path=str(ns.model),
             initial_peers=tuple(ns.initial_peers or ()),
             model_name=ns.model_name or "",
-            blocks=parse_blocks(ns.blocks) if ns.blocks else None,
+            blocks=tuple(ns.blocks) if ns.blocks else None,
             num_blocks=ns.num_blocks,
             device=ns.device,
             dtype=ns.dtype,
@@ -118,17 +118,6 @@ class PeerConfig:
             server=server,
             placement=placement,
         )
-
-
-def parse_blocks(text: str) -> tuple[int, int]:
-    """'A:B' -> (A, B)."""
-    try:
-        start, end = (int(part) for part in text.split(":"))
-    except ValueError:
-        raise ValueError(f"--blocks must look like START:END, got {text!r}") from None
-    if not 0 <= start < end:
-        raise ValueError(f"--blocks {text} is empty or negative")
-    return start, end
 
 
 def parse_resources(text: str | None) -> tuple[tuple[str, float], ...]:

@@ -6,6 +6,7 @@ spans from checkpoints), registry (the DHT), router (route policies), security (
 
 from __future__ import annotations
 
+import swarm._exit  # noqa: F401  (a prompt exit: see the module)
 from swarm.client import DistributedModelForCausalLM
 from swarm.codec import CodecId, decode, encode
 from swarm.config import ClientConfig

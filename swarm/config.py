@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.codec import DEFAULT_CODEC, CodecId
+from swarm.errors import InvalidArgument
 from swarm.security import SwarmCredentials
 
 
@@ -13,6 +14,9 @@ class ClientConfig:
     model_name: str = ""  # registry key; "" means the checkpoint directory's name
     codec: CodecId = DEFAULT_CODEC  # how hidden states travel, both ways
     step_timeout_s: float = 30.0  # a peer that does not answer a step within this is failed over
+    # A session whose blocks no live peer serves, or whose peers are all full, waits this long for one (peers
+    # restart, join, free pages) before raising MissingBlocks or Overloaded.
+    wait_for_blocks_s: float = 30.0
     max_failovers: int = 8  # per session, before giving up
     refresh_s: float = 5.0  # how often the view of the registry is refreshed in the background
     ban_base_s: float = 1.0  # first ban of a failed peer; doubles with each failure in a row
@@ -28,7 +32,17 @@ class ClientConfig:
     verify_margin: float = 0.01  # relative L2 allowed on top of 2 x the codec's max_error (swarm/client/checks.py)
 
     def __post_init__(self) -> None:
+        for name in ("step_timeout_s", "refresh_s", "ban_base_s", "ban_max_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidArgument(name, f"must be > 0, got {getattr(self, name)}")
+        if self.wait_for_blocks_s < 0:
+            raise InvalidArgument("wait_for_blocks_s", f"must be >= 0, got {self.wait_for_blocks_s}")
+        if self.max_failovers < 0:
+            raise InvalidArgument("max_failovers", f"must be >= 0, got {self.max_failovers}")
+        if not isinstance(self.codec, CodecId):
+            names = ", ".join(codec.name for codec in CodecId)
+            raise InvalidArgument("codec", f"expected a CodecId ({names}), got {self.codec!r}")
         if not 0.0 <= self.verify_fraction <= 1.0:
-            raise ValueError(f"verify_fraction must be in [0, 1], got {self.verify_fraction}")
+            raise InvalidArgument("verify_fraction", f"must be in [0, 1], got {self.verify_fraction}")
         if self.verify_margin < 0:
-            raise ValueError(f"verify_margin must be >= 0, got {self.verify_margin}")
+            raise InvalidArgument("verify_margin", f"must be >= 0, got {self.verify_margin}")

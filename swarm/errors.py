@@ -45,6 +45,15 @@ class InvalidRequest(SwarmError):
     """The request itself is wrong; retrying it anywhere gives the same answer."""
 
 
+class InvalidArgument(InvalidRequest, ValueError):
+    """A caller passed the library an argument it cannot use: the message names `argument` and what it accepts.
+    Raised before anything starts (no DHT node, no session), so fixing the call is all it takes."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(f"{argument}: {message}")
+        self.argument = argument
+
+
 class UnknownCodecError(InvalidRequest):
     """A message names a codec (or a codec option) this build does not know."""
 

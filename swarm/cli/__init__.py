@@ -16,12 +16,20 @@ import sys
 from swarm.cli import convert, demo, generate, keys, monitor, peer, prometheus_targets, status, train, up
 from swarm.errors import SwarmError
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 COMMANDS = (convert, demo, keys, peer, up, status, generate, monitor, prometheus_targets, train)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm", description="RaySwarm: run transformer models on a swarm of peers")
-    parser.add_argument("--log-level", default="WARNING", help="Python logging level (default: WARNING)")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default="WARNING",
+        help="Python logging level (default: WARNING)",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of errors RaySwarm explains itself")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(subparsers)
@@ -29,13 +37,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user's mistake (a SwarmError: bad argument, unreachable swarm, missing blocks) prints one
+    line and exits 2; Ctrl-C exits 130; only an internal error prints a traceback (or any error, with --debug)."""
     ns = build_parser().parse_args(argv)
-    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=ns.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(ns.run(ns) or 0)
     except SwarmError as error:
-        print(f"swarm {ns.command}: {error}", file=sys.stderr)
+        if ns.debug:
+            raise
+        print(f"{_command_name(ns)}: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{_command_name(ns)}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _command_name(ns: argparse.Namespace) -> str:
+    """'swarm peer join', from the subcommand names argparse stored (`command`, then `<command>_command`)."""
+    words = ["swarm", ns.command]
+    sub = getattr(ns, f"{ns.command.replace('-', '_')}_command", None)
+    return " ".join([*words, sub] if sub else words)
 
 
 __all__ = ["build_parser", "main"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from swarm.cli._arguments import add_initial_peers_flag, at_least, check_checkpoint_dir, in_range, positive
 from swarm.cli._credentials import add_credential_flags
+from swarm.codec import DEFAULT_CODEC, CodecId
 
 DEFAULT_MODEL = Path(".cache/models/smollm2-135m")
 
@@ -17,14 +19,19 @@ DEFAULT_MODEL = Path(".cache/models/smollm2-135m")
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("generate", help="generate text through a swarm")
     parser.add_argument("prompt")
-    parser.add_argument("--initial-peers", nargs="+", required=True, help="DHT multiaddresses to join through")
+    add_initial_peers_flag(parser)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="checkpoint directory (client part)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--codec", default="INT8_HADAMARD", help="codec of the hidden states (e.g. NONE)")
+    parser.add_argument("--max-new-tokens", type=at_least(0), default=64)
+    parser.add_argument("--temperature", type=at_least(0, float), default=0.0, help="0: greedy")
+    parser.add_argument("--top-k", type=at_least(0), default=0, help="0: off")
+    parser.add_argument("--top-p", type=in_range(0, 1, float), default=1.0)
+    parser.add_argument("--repetition-penalty", type=positive(), default=1.0, help="1: off")
+    parser.add_argument(
+        "--codec",
+        choices=[codec.name for codec in CodecId],
+        default=DEFAULT_CODEC.name,
+        help="codec of the hidden states",
+    )
     add_credential_flags(parser)
     parser.set_defaults(run=run)
 
@@ -33,10 +40,10 @@ def run(ns: argparse.Namespace) -> int:
     from transformers import AutoTokenizer, TextStreamer
 
     from swarm.client import DistributedModelForCausalLM
-    from swarm.codec import CodecId
     from swarm.security import SwarmCredentials
 
     credentials = SwarmCredentials.choose(ns.credentials, ns.open)
+    check_checkpoint_dir(ns.model)
     tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
     model = DistributedModelForCausalLM.from_pretrained(
         ns.model, ns.initial_peers, codec=CodecId[ns.codec], credentials=credentials

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import argparse
 
+from swarm.cli._arguments import add_initial_peers_flag, free_port, port, positive
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import wait_for_stop_signal
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("monitor", help="serve a live map of the swarm on a local web page")
-    parser.add_argument("--initial-peers", nargs="+", required=True, help="DHT multiaddresses to join through")
+    add_initial_peers_flag(parser)
     add_credential_flags(parser)
     parser.add_argument("--model", action="append", default=[], help="only this model (repeatable; default: all)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve the page on")
-    parser.add_argument("--port", type=int, default=8080, help="port of the page (0: any free port)")
-    parser.add_argument("--refresh", type=float, default=2.0, help="seconds between registry reads and page updates")
+    parser.add_argument("--port", type=port, default=8080, help="port of the page (0: any free port)")
+    parser.add_argument(
+        "--refresh", type=positive(), default=2.0, help="seconds between registry reads and page updates"
+    )
     parser.set_defaults(run=run)
 
 
@@ -30,6 +33,7 @@ def run(ns: argparse.Namespace) -> int:
     from swarm.security import SwarmCredentials
 
     credentials = SwarmCredentials.choose(ns.credentials, ns.open)
+    free_port(ns.host, ns.port, "--port")
     registry = Registry(ns.initial_peers, host=ns.host, client_mode=True, credentials=credentials)
     try:
         poller = SnapshotPoller(registry, ns.model, ns.refresh)

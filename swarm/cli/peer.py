@@ -15,8 +15,19 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from swarm.cli._arguments import (
+    at_least,
+    block_span,
+    check_span,
+    free_port,
+    initial_peers,
+    model_blocks,
+    port,
+    positive,
+)
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import wait_for_stop_signal
+from swarm.errors import InvalidArgument
 from swarm.progress import waiting
 
 
@@ -27,10 +38,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument("--ray-address", default=None, help="Ray cluster to run on (default: start a local one)")
     join.add_argument(
         "--ray-resources",
+        type=ray_resources,
         default=None,
         help="custom Ray resources the stage actor needs, as JSON, e.g. '{\"node1\": 1}' to pin it to a node",
     )
     join.set_defaults(run=run_join)
+
+
+def ray_resources(text: str) -> str:
+    """A JSON object of Ray resources, checked here and parsed by PeerConfig."""
+    from peers.config import parse_resources
+
+    try:
+        parse_resources(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--ray-resources ")) from None
+    return text
 
 
 def add_peer_flags(parser: argparse.ArgumentParser) -> None:
@@ -38,18 +61,46 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     add_credential_flags(parser)
     parser.add_argument(
         "--initial-peers",
-        nargs="*",
+        type=initial_peers,
+        action="extend",
         default=[],
-        help="DHT multiaddresses to join through (default with --ray-address: those `swarm up` published in Ray)",
+        metavar="ADDR",
+        help="DHT multiaddress to join through (repeatable, or comma-separated; default with --ray-address: the "
+        "one `swarm up` published in Ray)",
     )
     parser.add_argument("--model-name", default="", help="name in the registry (default: the directory's name)")
+    add_placement_flags(parser)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve and announce")
+    parser.add_argument("--port", type=port, default=0, help="gRPC port (default: any free port)")
+    parser.add_argument("--metrics-port", type=port, default=0, help="Prometheus port (default: any free port)")
+    add_engine_flags(parser)
+    parser.add_argument("--ttl", type=positive(), default=30.0, help="seconds a record lives without a refresh")
+    parser.add_argument("--announce-period", type=positive(), default=None, help="refresh period (default: ttl / 3)")
+    parser.add_argument(
+        "--drain-grace", type=at_least(0, float), default=30.0, help="seconds in-flight work gets on SIGTERM"
+    )
+    add_limit_flags(parser)
+
+
+def add_placement_flags(parser: argparse.ArgumentParser) -> None:
+    """Which blocks the peer serves, and when it moves."""
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--blocks", default=None, help="serve blocks START:END (and stay there unless --rebalance)")
     group.add_argument(
-        "--num-blocks", type=int, default=None, help="serve this many blocks (default: as many as fit --memory-gib)"
+        "--blocks", type=block_span, default=None, help="serve blocks START:END (and stay there unless --rebalance)"
+    )
+    group.add_argument(
+        "--num-blocks",
+        type=at_least(1),
+        default=None,
+        help="serve this many blocks (default: as many as fit --memory-gib)",
     )
     parser.add_argument(
-        "--memory-gib", type=float, default=None, help="memory for weights + KV cache (default: 90%% of what is free)"
+        "--memory-gib",
+        type=positive(),
+        default=None,
+        help="memory for weights + KV cache (default: 90%% of what is free)",
     )
     parser.add_argument(
         "--rebalance",
@@ -59,61 +110,72 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     )
     # Defaults are PlacementConfig's (a unit test checks), written out so that `swarm --help` does not import torch.
     parser.add_argument(
-        "--rebalance-period", type=float, default=120.0, help="mean seconds between checks (each wait 0.5-1.5x)"
+        "--rebalance-period", type=positive(), default=120.0, help="mean seconds between checks (each wait 0.5-1.5x)"
     )
     parser.add_argument(
         "--rebalance-margin",
-        type=float,
+        type=at_least(0, float),
         default=0.3,
         help="hysteresis: blocks left must keep (1 + this / sqrt(peers on them)) x the target throughput",
     )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    parser.add_argument("--host", default="127.0.0.1", help="address to serve and announce")
-    parser.add_argument("--port", type=int, default=0, help="gRPC port (default: any free port)")
-    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (default: any free port)")
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """The engine's KV-cache pool and iteration budget; defaults are ServerConfig's (a unit test checks)."""
     pool = parser.add_mutually_exclusive_group()
-    pool.add_argument("--cache-tokens", type=int, help="KV-cache pool size in tokens")
+    pool.add_argument("--cache-tokens", type=at_least(1), help="KV-cache pool size in tokens")
     pool.add_argument(
-        "--cache-gib", type=float, help="KV-cache pool size in GiB (default for both: what the device has free once "
-        "the weights are loaded, less one iteration's activations)",
-    )  # fmt: skip
-    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
+        "--cache-gib",
+        type=positive(),
+        help="KV-cache pool size in GiB (default for both: what the device has free once the weights are loaded, "
+        "less one iteration's activations)",
+    )
+    parser.add_argument("--page-size", type=at_least(1), default=16, help="tokens per KV-cache page")
     parser.add_argument(
-        "--max-batch-tokens", type=int, default=2048, help="tokens one engine iteration computes at most"
+        "--max-batch-tokens", type=at_least(1), default=2048, help="tokens one engine iteration computes at most"
     )
     parser.add_argument(
-        "--session-idle-s", type=float, default=300.0, help="close a session after this many seconds without a step"
+        "--session-idle-s",
+        type=positive(),
+        default=300.0,
+        help="close a session after this many seconds without a step",
     )
     parser.add_argument(
-        "--max-sessions", type=int, default=1024, help="open inference sessions, all clients together (no thread each)"
+        "--max-sessions",
+        type=at_least(1),
+        default=1024,
+        help="open inference sessions, all clients together (no thread each)",
     )
-    parser.add_argument("--ttl", type=float, default=30.0, help="seconds a record lives without a refresh")
-    parser.add_argument("--announce-period", type=float, default=None, help="refresh period (default: ttl / 3)")
-    parser.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight work gets on SIGTERM")
-    add_limit_flags(parser)
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     """Per-client admission limits (peers/limits.py); refusals are RESOURCE_EXHAUSTED naming the limit. Defaults
     are LimitsConfig's and ServerConfig's (a unit test checks), written out so that `--help` does not import torch."""
     group = parser.add_argument_group("limits per client")
-    group.add_argument("--sessions-per-client", type=int, default=16, help="open inference sessions per client")
     group.add_argument(
-        "--requests-per-s", type=float, default=500.0, help="sustained RPCs + inference steps per second per client"
+        "--sessions-per-client", type=at_least(1), default=16, help="open inference sessions per client"
     )
-    group.add_argument("--request-burst", type=int, default=1000, help="requests a client may send at once")
     group.add_argument(
-        "--session-tokens", type=int, default=1 << 20, help="tokens one session may run (replays included)"
+        "--requests-per-s",
+        type=positive(),
+        default=500.0,
+        help="sustained RPCs + inference steps per second per client",
+    )
+    group.add_argument("--request-burst", type=at_least(1), default=1000, help="requests a client may send at once")
+    group.add_argument(
+        "--session-tokens", type=at_least(1), default=1 << 20, help="tokens one session may run (replays included)"
     )
     group.add_argument(
         "--stream-bytes",
-        type=int,
+        type=at_least(0),
         default=0,
         help="bytes of one chunked tensor held on the peer (default: 8192 float32 tokens of hidden states)",
     )
     group.add_argument(
-        "--max-message-bytes", type=int, default=4 << 20, help="largest gRPC message (bigger tensors are chunked)"
+        "--max-message-bytes",
+        type=at_least(1 << 16),
+        default=4 << 20,
+        help="largest gRPC message (bigger tensors are chunked)",
     )
 
 
@@ -124,6 +186,7 @@ def run_join(ns: argparse.Namespace) -> int:
     from swarm.registry import Registry
 
     config = PeerConfig.from_args(ns)
+    check_before_start(ns)
     connect_ray(ns.ray_address)
     if ns.ray_address and not config.initial_peers:
         config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
@@ -146,6 +209,18 @@ def run_join(ns: argparse.Namespace) -> int:
         return 0
     finally:
         registry.shutdown()
+
+
+def check_before_start(ns: argparse.Namespace) -> None:
+    """What parsing alone cannot tell, checked before Ray or a DHT node starts: the span against the model's blocks,
+    and that the ports asked for are free."""
+    blocks = model_blocks(ns.model)
+    if ns.blocks:
+        check_span(ns.blocks, blocks)
+    if ns.num_blocks and ns.num_blocks > blocks:
+        raise InvalidArgument("--num-blocks", f"{ns.num_blocks} is more than the model's {blocks} blocks")
+    free_port(ns.host, ns.port, "--port")
+    free_port(ns.host, ns.metrics_port, "--metrics-port")
 
 
 def _print_restart(info: dict) -> None:

@@ -13,21 +13,22 @@ import argparse
 import threading
 from pathlib import Path
 
+from swarm.cli._arguments import add_initial_peers_flag, port, positive
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import wait_for_stop_signal
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("prometheus-targets", help="write a Prometheus file-SD file from the registry")
-    parser.add_argument("--initial-peers", nargs="+", required=True, help="DHT multiaddresses to join through")
+    add_initial_peers_flag(parser)
     add_credential_flags(parser)
     parser.add_argument("--out", type=Path, required=True, help="the JSON file Prometheus' file_sd_configs reads")
     parser.add_argument("--model", action="append", default=[], help="only this model (repeatable; default: all)")
-    parser.add_argument("--interval", type=float, default=10.0, help="seconds between registry reads")
+    parser.add_argument("--interval", type=positive(), default=10.0, help="seconds between registry reads")
     parser.add_argument("--once", action="store_true", help="write the file once and exit")
     parser.add_argument("--host", default="127.0.0.1", help="address of this process' DHT node and /metrics")
     parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve the registry's gauges on this port (0: any)"
+        "--metrics-port", type=port, default=None, help="serve the registry's gauges on this port (0: any)"
     )
     parser.set_defaults(run=run)
 

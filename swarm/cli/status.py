@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from swarm.cli._arguments import add_initial_peers_flag
 from swarm.cli._credentials import add_credential_flags
 from swarm.monitoring.snapshot import ModelView
 from swarm.types import PeerInfo, block_ranges
@@ -12,7 +13,7 @@ from swarm.types import PeerInfo, block_ranges
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("status", help="show the peers and block coverage of a swarm")
-    parser.add_argument("--initial-peers", nargs="+", required=True, help="DHT multiaddresses to join through")
+    add_initial_peers_flag(parser)
     parser.add_argument("--model", default=None, help="model name (default: every model the swarm serves)")
     add_credential_flags(parser)
     parser.set_defaults(run=run)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from swarm.cli._arguments import at_least, free_port, model_blocks, port, positive
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import wait_for_stop_signal
+from swarm.errors import InvalidArgument
 from swarm.progress import waiting
 
 
@@ -21,11 +23,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
     add_credential_flags(parser)
     parser.add_argument(
-        "--peers", type=int, default=2, help="number of peers; their spans split the model (0: only Ray and the DHT)"
+        "--peers",
+        type=at_least(0),
+        default=2,
+        help="number of peers; their spans split the model (0: only Ray and the DHT)",
     )
-    parser.add_argument("--dht-port", type=int, default=0, help="port of the DHT bootstrap node (default: any)")
-    parser.add_argument("--ttl", type=float, default=30.0, help="seconds a record lives without a refresh")
-    parser.add_argument("--cache-tokens", type=int, default=65536, help="KV-cache pool of each peer, in tokens")
+    parser.add_argument("--dht-port", type=port, default=0, help="port of the DHT bootstrap node (default: any)")
+    parser.add_argument("--ttl", type=positive(), default=30.0, help="seconds a record lives without a refresh")
+    parser.add_argument(
+        "--cache-tokens", type=at_least(1), default=65536, help="KV-cache pool of each peer, in tokens"
+    )
     parser.add_argument(
         "--ray-address",
         default=None,
@@ -40,6 +47,12 @@ def run(ns: argparse.Namespace) -> int:
     from swarm.security import SwarmCredentials
 
     credentials = SwarmCredentials.choose(ns.credentials, ns.open)
+    blocks = model_blocks(ns.model)
+    if ns.peers > blocks:
+        raise InvalidArgument(
+            "--peers", f"{ns.peers} peers cannot split the model's {blocks} blocks (at most {blocks})"
+        )
+    free_port(ns.host, ns.dht_port, "--dht-port")
     swarm = LocalSwarm(
         ns.model,
         ns.peers,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from swarm.errors import InvalidRequest
+from swarm.errors import InvalidArgument
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +24,18 @@ class GenerationParams:
     pad_token_id: int = 0  # what finished sequences emit while others go on
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise InvalidArgument("max_new_tokens", f"must be an int >= 0, got {self.max_new_tokens!r}")
         if self.max_new_tokens < 0:
-            raise InvalidRequest(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if self.do_sample and self.temperature <= 0:
-            raise InvalidRequest(f"temperature must be > 0 when sampling, got {self.temperature}")
+            raise InvalidArgument("max_new_tokens", f"must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0 or (self.do_sample and self.temperature == 0):
+            raise InvalidArgument("temperature", f"must be > 0 (sampling) or 0 (greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise InvalidArgument("top_k", f"must be >= 0 (0: off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidArgument("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise InvalidArgument("repetition_penalty", f"must be > 0 (1: off), got {self.repetition_penalty}")
 
 
 def logits_processors(params: GenerationParams) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -13,23 +13,28 @@ from typing import Any
 
 import torch
 
+from swarm.client.arguments import check_session_shape, checked_input_ids
 from swarm.client.generate import GenerationParams, decode_loop
 from swarm.client.metrics import ClientMetrics
 from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
 from swarm.client.view import SwarmView
 from swarm.config import ClientConfig
-from swarm.errors import CredentialsError, InvalidRequest
+from swarm.errors import CredentialsError, InvalidArgument, InvalidRequest
 from swarm.partition import load_client_head, open_checkpoint
 from swarm.registry import Registry
+from swarm.registry.addresses import initial_peer_list
 from swarm.router import Bans, MinLatencyRouter, WiringRouter
 from swarm.types import Span
+
+DEFAULT_CONTEXT_LENGTH = 8192  # for configs that do not say (peers allow this much per session by default)
 
 
 class ModelSession:
     """A multi-turn session: the KV caches on the peers and the tokens they hold. Made by inference_session()."""
 
     def __init__(self, model: DistributedModelForCausalLM, max_length: int, batch_size: int) -> None:
+        check_session_shape(max_length, batch_size, model.context_length)
         self.model, self.max_length, self.batch_size = model, max_length, batch_size
         self.session = InferenceSession(
             model.router,
@@ -43,6 +48,7 @@ class ModelSession:
             model.client_config.push,
             model.metrics,
             credentials=model.credentials,
+            wait_s=model.client_config.wait_for_blocks_s,
         )
         config = model.client_config
         if config.verify_fraction > 0:
@@ -78,17 +84,17 @@ class ModelSession:
 
 
 class DistributedModelForCausalLM:
-    def __init__(self, path: str | Path, initial_peers: Sequence[str], config: ClientConfig) -> None:
-        from transformers import AutoConfig
-
+    def __init__(self, path: str | Path, initial_peers: str | Sequence[str], config: ClientConfig) -> None:
         if config.credentials is None:
             raise CredentialsError(
                 "no swarm credentials: pass credentials=SwarmCredentials.load(DIR) (a private swarm's member) "
                 "or credentials=SwarmCredentials.open() (an open swarm)"
             )
+        _, self.config, block_config = open_checkpoint(path)  # a wrong path fails here, by name
+        initial_peers = initial_peer_list(initial_peers)
         self.client_config, self.credentials = config, config.credentials
-        self.config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-        self.num_blocks = open_checkpoint(path)[2].num_layers
+        self.num_blocks = block_config.num_layers
+        self.context_length = int(getattr(self.config, "max_position_embeddings", None) or DEFAULT_CONTEXT_LENGTH)
         self.head = load_client_head(path)
         self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True, credentials=self.credentials)
         name = config.model_name or Path(path).name
@@ -112,16 +118,27 @@ class DistributedModelForCausalLM:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, initial_peers: Sequence[str], config: ClientConfig | None = None, **overrides: Any
+        cls,
+        path: str | Path,
+        initial_peers: str | Sequence[str],
+        config: ClientConfig | None = None,
+        **overrides: Any,
     ) -> DistributedModelForCausalLM:
-        """Load the client part of the checkpoint at `path` and join the swarm through `initial_peers`.
+        """Load the client part of the checkpoint at `path` and join the swarm through `initial_peers` (one
+        multiaddress or a list of them).
 
         Keyword overrides set ClientConfig fields, e.g. `codec=CodecId.NONE`. `credentials` is required:
         `SwarmCredentials.load(DIR)` to join a private swarm as a member, or `SwarmCredentials.open()`.
 
         Raises:
+            CheckpointError: `path` is not a checkpoint directory RaySwarm can read.
+            InvalidArgument: no initial peer, an address that does not parse, or an unknown ClientConfig field.
             CredentialsError: no credentials were given.
+            PeerUnavailable: the DHT could not be joined through `initial_peers`.
         """
+        unknown = sorted(set(overrides) - {field.name for field in dataclasses.fields(ClientConfig)})
+        if unknown:
+            raise InvalidArgument(unknown[0], "not a ClientConfig field (those are listed in swarm/config.py)")
         return cls(path, initial_peers, dataclasses.replace(config or ClientConfig(), **overrides))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -157,6 +174,7 @@ class DistributedModelForCausalLM:
         Raises:
             InvalidRequest: padded batches (attention_mask with zeros) or arguments out of range.
         """
+        input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings)
         if attention_mask is not None and not bool(attention_mask.all()):
             raise InvalidRequest("padded batches are not supported yet: pass sequences of equal length")
         params = self._params(

@@ -181,8 +181,10 @@ class InferenceSession:
         metrics: ClientMetrics | None = None,
         *,
         credentials: SwarmCredentials,
+        wait_s: float | None = None,
     ) -> None:
         self.router, self.peers, self.codec, self.credentials = router, peers, codec, credentials
+        self.wait_s = step_timeout_s if wait_s is None else wait_s
         self.metrics = metrics or ClientMetrics("")
         self.batch_size, self.max_length = batch_size, max_length
         self.step_timeout_s, self.max_failovers, self.push = step_timeout_s, max_failovers, push
@@ -324,13 +326,13 @@ class InferenceSession:
         return torch.cat(outputs, dim=1)
 
     def _choose(self, need: Span, fresh: bool) -> Route:
-        """A route for `need`; while some block has no usable peer (all banned, restarting), wait for one until the
-        step deadline, re-reading the registry."""
-        deadline = time.monotonic() + self.step_timeout_s
+        """A route for `need`; while some block has no usable peer (all banned, restarting) or only full ones, wait
+        for one for up to `wait_s`, re-reading the registry."""
+        deadline = time.monotonic() + self.wait_s
         while True:
             try:
                 return self.router.choose(need, self.peers(fresh), tokens=self._tokens)
-            except MissingBlocks:
+            except (MissingBlocks, Overloaded):
                 if time.monotonic() >= deadline:
                     raise
             time.sleep(0.25)

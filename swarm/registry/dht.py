@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from swarm.errors import PeerUnavailable
+from swarm.registry.addresses import initial_peer_list
 from swarm.registry.records import InvalidRecord, from_dht, to_dht
 from swarm.registry.signing import RecordSigning, split_subkey
 from swarm.security import SwarmCredentials
@@ -40,7 +41,7 @@ class Registry:
 
     def __init__(
         self,
-        initial_peers: Sequence[str] = (),
+        initial_peers: str | Sequence[str] = (),
         host: str = "127.0.0.1",
         port: int = 0,
         client_mode: bool = False,
@@ -49,12 +50,13 @@ class Registry:
         signing_key: Any = None,
         read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        import hivemind
+        from swarm.registry.bound_dht import ParentBoundDHT  # hivemind is heavy: imported when a node starts
 
+        initial_peers = initial_peer_list(initial_peers) if initial_peers else []
         self.signing, self.read_timeout_s = RecordSigning(credentials, signing_key), read_timeout_s
         try:
-            self.dht = hivemind.DHT(
-                initial_peers=list(initial_peers),
+            self.dht = ParentBoundDHT(
+                initial_peers=initial_peers,
                 start=True,
                 host_maddrs=[f"/ip4/{host}/tcp/{port}"],
                 client_mode=client_mode,
@@ -65,7 +67,7 @@ class Registry:
                 use_relay=False,
             )
         except Exception as error:  # hivemind raises P2PDaemonError, ValueError, TimeoutError...
-            raise PeerUnavailable(f"cannot join the DHT through {list(initial_peers)}: {error}") from error
+            raise PeerUnavailable(f"cannot join the DHT through {initial_peers}: {error}") from error
 
     @property
     def addresses(self) -> list[str]:

@@ -12,7 +12,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Sequence
 
-from swarm.errors import MissingBlocks
+from swarm.errors import MissingBlocks, Overloaded
 from swarm.router.bans import Bans
 from swarm.types import Hop, PeerInfo, PeerState, Route, Span, block_ranges
 
@@ -58,6 +58,24 @@ def check_coverage(need: Span, peers: Sequence[PeerInfo]) -> None:
     missing = [block for block in range(need.start, need.end) if block not in covered]
     if missing:
         raise MissingBlocks(f"no live peer serves blocks {block_ranges(missing)} (needed [{need.start}, {need.end}))")
+
+
+def with_room(need: Span, peers: Sequence[PeerInfo], tokens: int) -> list[PeerInfo]:
+    """The peers of `peers` (which cover `need`) with KV-cache room for `tokens`.
+
+    Raises:
+        Overloaded: some blocks are served only by peers without that room: alive, but full.
+    """
+    roomy = [p for p in peers if p.cache_tokens_free >= tokens]
+    try:
+        check_coverage(need, roomy)
+    except MissingBlocks:
+        most = max((p.cache_tokens_free for p in peers), default=0)
+        raise Overloaded(
+            f"the peers serving blocks [{need.start}, {need.end}) are alive but full: none has room for a session "
+            f"of {tokens} tokens (batch x max_length; the most any has free is {most})"
+        ) from None
+    return roomy
 
 
 def hop(peer: PeerInfo, start: int, end: int) -> Hop:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
-from swarm.router.base import Router, check_coverage, hop
+from swarm.router.base import Router, check_coverage, hop, with_room
 from swarm.types import PeerInfo, Route, Span
 
 DEFAULT_RTT_S = 0.002
@@ -24,8 +24,9 @@ class MinLatencyRouter(Router):
         self.jitter = jitter
 
     def choose(self, need: Span, peers: Sequence[PeerInfo], tokens: int = 1) -> Route:
-        candidates = [p for p in self.usable(peers) if p.cache_tokens_free >= tokens]
-        check_coverage(need, candidates)
+        usable = self.usable(peers)
+        check_coverage(need, usable)
+        candidates = with_room(need, usable, tokens)
         best: dict[int, float] = {need.start: 0.0}
         previous: dict[int, tuple[int, PeerInfo]] = {}
         frontier = [(0.0, need.start)]

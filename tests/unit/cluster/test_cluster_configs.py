@@ -28,8 +28,8 @@ LAUNCHER_CONFIGS = {"aws-spot.yaml": "spot", "gcp-preemptible.yaml": "preemptibl
 PORT_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$")  # Kubernetes IANA_SVC_NAME: at most 15 characters
 SHELL_VALUES = {  # what the shell would substitute, for parsing the commands
     r'"\$\(hostname -I \| awk \'\{print \$1\}\'\)"': "10.0.0.2",
-    r'"\$\(cat ~/swarm-initial-peers\)"': "/ip4/10.0.0.1/tcp/31337/p2p/QmBootstrap",
-    r'"\$PEERS"': "/ip4/10.0.0.1/tcp/31337/p2p/QmBootstrap",
+    r'"\$\(cat ~/swarm-initial-peers\)"': "/ip4/10.0.0.1/tcp/31337/p2p/QmXnBkqZqU1JmmjUcHHZxQmLkApvz6bDmVdDa2CQRo9Jcn",
+    r'"\$PEERS"': "/ip4/10.0.0.1/tcp/31337/p2p/QmXnBkqZqU1JmmjUcHHZxQmLkApvz6bDmVdDa2CQRo9Jcn",
     r'"\$IP"|"\$POD_IP"': "10.0.0.2",
     r"\$SWARM_PEER_FLAGS": "--num-blocks 8 --dtype float16",
     r'"\{\\"node:\$(IP|POD_IP)\\": 0\.01\}"': "'{\"node:10.0.0.2\": 0.01}'",

@@ -157,8 +157,10 @@ def test_engine_flags_reach_the_server_config() -> None:
         30.0,
         2000,
     )
+    with pytest.raises(SystemExit):
+        parse("--page-size=0")  # argparse: "argument --page-size: must be >= 1, got 0"
     with pytest.raises(ValueError, match="page_size must be >= 1"):
-        PeerConfig.from_args(parse("--page-size=0"))
+        ServerConfig(page_size=0)
 
 
 def test_flags_set_the_limits() -> None:

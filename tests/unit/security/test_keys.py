@@ -13,6 +13,8 @@ from swarm.cli import main
 from swarm.errors import CredentialsError
 from swarm.security import TLS_NAME, MemberVerifier, SwarmCredentials, init_swarm, issue_member
 
+ADDRESS = "/ip4/127.0.0.1/tcp/1/p2p/QmXnBkqZqU1JmmjUcHHZxQmLkApvz6bDmVdDa2CQRo9Jcn"
+
 
 def test_init_then_issue_write_a_ca_and_a_member_signed_by_it(tmp_path: Path, capsys) -> None:
     assert main(["keys", "init", str(tmp_path / "ca"), "--name", "lab"]) == 0
@@ -68,10 +70,10 @@ def test_every_swarm_command_refuses_to_start_without_a_choice(capsys) -> None:
     for command in (
         ["peer", "join", "--model", "m"],
         ["up", "--model", "m"],
-        ["status", "--initial-peers", "/ip4/127.0.0.1/tcp/1"],
-        ["generate", "hello", "--initial-peers", "/ip4/127.0.0.1/tcp/1"],
-        ["monitor", "--initial-peers", "/ip4/127.0.0.1/tcp/1"],
-        ["prometheus-targets", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--out", "x.json"],
+        ["status", "--initial-peers", ADDRESS],
+        ["generate", "hello", "--initial-peers", ADDRESS],
+        ["monitor", "--initial-peers", ADDRESS],
+        ["prometheus-targets", "--initial-peers", ADDRESS, "--out", "x.json"],
     ):
         assert main(command) == 2, command
         assert "no swarm credentials: pass --credentials DIR" in capsys.readouterr().err

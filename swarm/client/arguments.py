@@ -1,0 +1,44 @@
+"""What callers pass DistributedModelForCausalLM, checked before any work starts: a wrong argument is an
+InvalidArgument naming it and what it accepts, never a torch error from deep inside a step or a long wait.
+
+model.py calls these at its public boundary (from_pretrained, inference_session, generate); GenerationParams
+checks the sampling arguments itself (generate.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from swarm.errors import InvalidArgument
+
+
+def checked_input_ids(input_ids: object, vocab_size: int, argument: str = "input_ids") -> torch.Tensor:
+    """`input_ids` if it is an integer tensor [batch, tokens] of ids in [0, vocab_size)."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise InvalidArgument(argument, f"expected a torch.Tensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise InvalidArgument(argument, f"expected integer token ids (torch.long), got {input_ids.dtype}")
+    if input_ids.dim() != 2:
+        raise InvalidArgument(
+            argument, f"expected shape [batch, tokens], got {list(input_ids.shape)} (use input_ids[None] for one)"
+        )
+    if input_ids.shape[0] == 0:
+        raise InvalidArgument(argument, "the batch is empty")
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+        found = int(input_ids.min()) if int(input_ids.min()) < 0 else int(input_ids.max())
+        raise InvalidArgument(argument, f"token id {found} is outside the vocabulary [0, {vocab_size})")
+    return input_ids.long()
+
+
+def check_session_shape(max_length: object, batch_size: object, context_length: int) -> None:
+    """A session reserves batch_size x max_length tokens of KV cache on every peer of its route: both must be
+    positive ints, and max_length within the model's context (what peers allow at most)."""
+    for name, value in (("max_length", max_length), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgument(name, f"must be an int, got {value!r}")
+    if not 1 <= max_length <= context_length:  # type: ignore[operator]
+        raise InvalidArgument(
+            "max_length", f"must be in [1, {context_length}] (the model's context), got {max_length}"
+        )
+    if batch_size < 1:  # type: ignore[operator]
+        raise InvalidArgument("batch_size", f"must be >= 1, got {batch_size}")
