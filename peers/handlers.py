@@ -1,8 +1,9 @@
-"""Registers the Peer servicer with a gRPC server, parsing requests leniently.
+"""Registers the Peer servicer and the standard health servicer with a gRPC server, parsing requests leniently.
 
 gRPC's own parsing answers bytes that are not a valid message with INTERNAL ("Exception deserializing
 request!"), as if the peer were broken. Here such bytes reach the servicer as `Unparsable`, and peers/service.py
-refuses them with INVALID_ARGUMENT naming the message type, like any other bad input. Called by peers/server.py.
+refuses them with INVALID_ARGUMENT naming the message type, like any other bad input; for the health service,
+which is grpcio-health-checking's own, `add_health_service` does the refusing. Called by peers/server.py.
 """
 
 from __future__ import annotations
@@ -62,6 +63,34 @@ def add_peer_service(servicer: object, server: grpc.Server | grpc.aio.Server) ->
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+def add_health_service(servicer: object, server: grpc.Server | grpc.aio.Server) -> None:
+    """Serve grpc.health.v1.Health from `servicer` (grpc_health's HealthServicer), refusing unparsable requests with
+    INVALID_ARGUMENT as the Peer service does."""
+    from grpc_health.v1 import health_pb2
+
+    handlers = {}
+    service = health_pb2.DESCRIPTOR.services_by_name["Health"]
+    for method in service.methods:
+        request_type = getattr(health_pb2, method.input_type.name)
+        response_type = getattr(health_pb2, method.output_type.name)
+        make = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make(
+            _refusing_unparsable(getattr(servicer, method.name)),
+            request_deserializer=_lenient(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _refusing_unparsable(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def handle(request: Any, context: Any) -> Any:
+        if isinstance(request, Unparsable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request.error()))
+        return method(request, context)
+
+    return handle
 
 
 def _lenient(message_type: type[Message]) -> Callable[[bytes], Message | Unparsable]:

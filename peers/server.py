@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import grpc
 import torch
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
 from peers.backend import ForwardJob, SpanBackend
 from peers.engine import Engine, EngineConfig
-from peers.handlers import SERVICE_NAME, add_peer_service
+from peers.handlers import SERVICE_NAME, add_health_service, add_peer_service
 from peers.kv_cache import PagePool, PoolShape
 from peers.limits import LimitsConfig, stream_bytes_for
 from peers.memory import kv_pool_pages
@@ -125,7 +125,7 @@ class PeerServer:
         ]
         server = config.credentials.aio_server(config.rpc_threads, options)
         add_peer_service(self.service, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        add_health_service(self.health, server)
         self.port = config.credentials.add_port(server, f"{config.host}:{config.port}")
         return server
 

@@ -304,15 +304,33 @@ async def _read_stream(requests: AsyncIterator[Any], budget: StreamBudget) -> li
     return parts
 
 
+TENSOR_FIELDS = ("hidden_states", "grad_outputs")  # what the chunks of a Forward/BackwardStream split between them
+
+
 def _collect(parts: list[Any], field: str) -> tuple[Any, pb.Tensor]:
-    """The first request of a chunked stream and the tensor `field` joined from all of them."""
+    """The first request of a chunked stream and the tensor `field` joined from all of them. Every chunk repeats
+    the request's other fields (position, blocks, codec choice...); a chunk that disagrees with the first is refused
+    rather than silently overruled by it."""
     if not parts:
         raise InvalidRequest("the stream carried no request")
+    _check_chunks_agree(parts)
     # A stream's two tensors may need different numbers of chunks: messages past one's end leave it unset.
     chunks = [getattr(p, field) for p in parts if p.HasField(field)]
     if not chunks:
         raise InvalidRequest(f"{field} is missing")
     return parts[0], join(chunks)
+
+
+def _check_chunks_agree(parts: list[Any]) -> None:
+    first = parts[0]
+    headers = [f for f in first.DESCRIPTOR.fields if f.name not in TENSOR_FIELDS]
+    for index, part in enumerate(parts[1:], start=1):
+        for header in headers:
+            mine, theirs = getattr(part, header.name), getattr(first, header.name)
+            if mine != theirs:
+                raise InvalidRequest(
+                    f"chunk {index} of the stream has {header.name} {mine!r} where chunk 0 has {theirs!r}"
+                )
 
 
 def _check_version(version: int) -> None:

@@ -23,6 +23,7 @@ from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.client.checks import checked_output, tolerance
 from swarm.client.metrics import ClientMetrics
+from swarm.client.pace import HopPace
 from swarm.client.verify import Verifier, VerifyPolicy
 from swarm.codec import CodecId, encode, join, split
 from swarm.errors import (
@@ -101,24 +102,25 @@ class SpanSession:
             step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=chunk, push_to=push_to)
             self._requests.put(pb.InferenceRequest(step=step))
 
-    def receive(self, step_id: int, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    def receive(self, step_id: int, like: torch.Tensor, timeout_s: float | None = None) -> tuple[torch.Tensor, bool]:
         """The output of step `step_id`, whose input was `like`, and whether the peer pushed it on to the next one.
 
         Raises:
-            DeadlineExceeded: no answer within step_timeout_s (the stream is cancelled).
+            DeadlineExceeded: no answer within `timeout_s` (default step_timeout_s); the stream is cancelled.
             InvalidOutput: the answer is not hidden states of the input's shape (swarm/client/checks.py).
             SwarmError subclasses mapped from the peer's gRPC status (swarm/errors.py).
         """
-        deadline = time.monotonic() + self.step_timeout_s  # for the whole answer, however the peer trickles it
-        first = self._next_response(deadline)
+        timeout_s = self.step_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s  # for the whole answer, however the peer trickles it
+        first = self._next_response(deadline, timeout_s)
         while first.step_id != step_id:  # a late answer to a step we had already given up on
-            first = self._next_response(deadline)
+            first = self._next_response(deadline, timeout_s)
         expected = max(first.hidden_states.num_chunks, 1)
         if expected > like.numel() * 4 // MIN_CHUNK_BYTES + 1:  # float32 without compression, chunks of >= 1 KiB
             raise InvalidOutput("decode", f"{self.hop.address} announces {expected} chunks for {list(like.shape)}")
         chunks = [first.hidden_states]
         while len(chunks) < expected:
-            chunks.append(self._next_response(deadline).hidden_states)
+            chunks.append(self._next_response(deadline, timeout_s).hidden_states)
         try:
             whole = join(chunks)
         except InvalidRequest as error:  # chunks that do not fit together: the peer's fault, not ours
@@ -129,12 +131,12 @@ class SpanSession:
         self.send(hidden, position, step_id)
         return self.receive(step_id, hidden)[0]
 
-    def _next_response(self, deadline: float) -> pb.InferenceResponse:
+    def _next_response(self, deadline: float, timeout_s: float) -> pb.InferenceResponse:
         try:
             item = self._responses.get(timeout=max(deadline - time.monotonic(), 0.0))
         except queue.Empty:
             self._call.cancel()
-            raise DeadlineExceeded(f"{self.hop.address}: no answer within {self.step_timeout_s} s") from None
+            raise DeadlineExceeded(f"{self.hop.address}: no answer within {timeout_s:.2f} s") from None
         if isinstance(item, grpc.RpcError):
             raise error_for(item.code(), f"{self.hop.address}: {item.details()}")
         if item is _CLOSED:
@@ -157,6 +159,7 @@ class _ReplayFailed(Exception):
 class _HopState:
     hop: Hop
     session: SpanSession
+    pace: HopPace
     inputs: list[torch.Tensor] = field(default_factory=list)  # every input sent, [batch, new_tokens, hidden] each
 
 
@@ -217,15 +220,18 @@ class InferenceSession:
         """
         step_id, started = self._next_step_id(), time.perf_counter()
         verify = self._verifier is not None and self._verifier.wants()
-        index, must_send = 0, True
+        index, must_send, tokens = 0, True, hidden.shape[1]
         staged: list[tuple[_HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
+        since = time.monotonic()  # when the hop got its input: sent now, or pushed when the previous answer came
         while index < len(self._hops):
             state = self._hops[index]
             try:
                 if must_send:
                     push_to = [] if verify else self._push_targets(index + 1)
                     state.session.send(hidden, self.position, step_id, push_to)
-                output, pushed = state.session.receive(step_id, hidden)
+                late_after = state.pace.deadline_s(tokens) - (time.monotonic() - since)
+                output, pushed = state.session.receive(step_id, hidden, max(late_after, 0.0))
+                state.pace.observe(time.monotonic() - since, tokens)
                 if verify:
                     self._verify(state, hidden, output)
             except InvalidRequest:
@@ -234,11 +240,11 @@ class InferenceSession:
                 self._fail_over(index, error)
                 # A new id: peers after this hop may have run a step the failed peer pushed them (garbage, if its
                 # answer failed the checks); under a new id they run the replacement's at the same position again.
-                step_id, must_send = self._next_step_id(), True
+                step_id, must_send, since = self._next_step_id(), True, time.monotonic()
                 continue  # the same index now holds the replacement's first hop
             staged.append((state, hidden))
             self.router.bans.forgive(state.hop.peer_id)
-            hidden, index, must_send = output, index + 1, not pushed
+            hidden, index, must_send, since = output, index + 1, not pushed, time.monotonic()
         for state, inputs in staged:
             state.inputs.append(inputs)
         self.position += hidden.shape[1]
@@ -298,7 +304,7 @@ class InferenceSession:
         """
         route = self._choose(need, fresh)
         self.router.acquire(route, self._tokens)
-        states = [_HopState(hop, self._stream(hop)) for hop in route]
+        states = [_HopState(hop, self._stream(hop), HopPace(self.step_timeout_s)) for hop in route]
         state = states[0]
         try:
             history = torch.cat(inputs, dim=1) if inputs else None

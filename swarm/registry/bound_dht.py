@@ -24,7 +24,10 @@ WATCH_PERIOD_S = 0.25
 
 class ParentBoundDHT(hivemind.DHT):
     def run(self) -> None:
-        """In the child: watch the parent, then serve as hivemind does."""
+        """In the child: leave the terminal's process group (Ctrl-C is for the parent, which then shuts this node
+        down in order, rather than for p2pd, which would die mid-connection and log errors), watch the parent, then
+        serve as hivemind does."""
+        os.setpgid(0, 0)
         parent = os.getppid()
         threading.Thread(target=_exit_with_parent, args=(parent,), name="dht-parent-watch", daemon=True).start()
         super().run()

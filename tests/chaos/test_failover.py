@@ -4,6 +4,7 @@ and the DHT, and four `swarm peer join` daemons serve blocks [0, 15) and [15, 30
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -28,6 +29,7 @@ TTL = 6.0
 NEW_TOKENS = 12
 TRIALS = 10
 DRAIN_TRIALS = 5  # each SIGTERM trial waits for a fresh peer to load its blocks and join (~20 s): kept bounded
+FROZEN_STALL_S = 2.0  # the longest a frozen peer may hold up a token
 PROMPT = "The ferry crossed the river every morning, and"
 SLOTS = {"a": "0:15", "b": "0:15", "c": "15:30", "d": "15:30"}
 
@@ -140,12 +142,19 @@ class Trigger:
     def __init__(self, model, step: int, strike, rng: random.Random) -> None:
         self.model, self.step, self.strike, self.rng = model, step, strike, rng
         self.count, self.struck = -1, None
+        self.times: list[float] = []  # when each token came
 
     def put(self, value: torch.Tensor) -> None:
         self.count += 1  # the first put is the prompt
+        self.times.append(time.monotonic())
         if self.count == self.step:
             self.struck = self.rng.choice(self.model.active_session.session.route).peer_id
             self.strike(self.struck)
+
+    def stall_s(self) -> float:
+        """The longest wait for a token after the strike."""
+        after = self.times[self.step :]
+        return max(b - a for a, b in itertools.pairwise(after))
 
     def end(self) -> None:
         pass
@@ -153,9 +162,11 @@ class Trigger:
 
 def run_trials(
     model, cluster: Cluster, prompt_and_expected, strike, recover, must_fail_over: bool = True, trials: int = TRIALS
-) -> None:
+) -> list[float]:
+    """Strike at a random step of each trial; returns each trial's longest wait for a token after the strike."""
     input_ids, expected = prompt_and_expected
     rng = random.Random(1234)
+    stalls = []
     for trial in range(trials):
         trigger = Trigger(model, rng.randrange(1, NEW_TOKENS - 1), strike, rng)
         with model.inference_session(max_length=input_ids.shape[1] + NEW_TOKENS + 1) as session:
@@ -164,8 +175,10 @@ def run_trials(
         assert trigger.struck is not None, f"trial {trial}: nothing was struck"
         assert torch.equal(output, expected), f"trial {trial}: striking {trigger.struck} changed the output"
         assert failovers >= 1 or not must_fail_over, f"trial {trial}: the session never moved off {trigger.struck}"
+        stalls.append(trigger.stall_s())
         recover(cluster.slot_of(trigger.struck))
         cluster.wait_all_online()
+    return stalls
 
 
 def test_sigkill_of_a_random_peer_at_a_random_step(model, cluster, prompt_and_expected) -> None:
@@ -194,10 +207,14 @@ def test_sigterm_of_a_random_peer_at_a_random_step(model, cluster, prompt_and_ex
 
 
 def test_a_peer_that_stops_answering_at_a_random_step(model, cluster, prompt_and_expected) -> None:
+    """A frozen peer keeps its connections: nothing fails, the answer never comes. The session gives the hop up once
+    it is many times later than its own pace (swarm/client/pace.py), well before the step timeout (3 s here)."""
+
     def strike(peer_id: str) -> None:
         os.kill(cluster.peers[cluster.slot_of(peer_id)].actor_pid, signal.SIGSTOP)
 
     def recover(slot: str) -> None:
         os.kill(cluster.peers[slot].actor_pid, signal.SIGCONT)
 
-    run_trials(model, cluster, prompt_and_expected, strike, recover)
+    stalls = run_trials(model, cluster, prompt_and_expected, strike, recover)
+    assert max(stalls) < FROZEN_STALL_S, f"stalls after freezing a peer: {[round(s, 2) for s in stalls]}"

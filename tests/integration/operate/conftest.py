@@ -1,7 +1,9 @@
-"""One `swarm up --peers 2` for the operating tests (Prometheus, the monitor), started on first use."""
+"""One `swarm up --peers 2` for the operating tests (Prometheus, the monitor, a user's mistakes), started on first
+use, with the very command the README's Quick start gives (plus a short record TTL)."""
 
 from __future__ import annotations
 
+import shlex
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ..daemons import Daemon
+from ..daemons import REPO_ROOT, Daemon
 
 TTL = 6.0
 ARTIFACTS = Path(__file__).resolve().parents[3] / ".cache" / "artifacts"
@@ -41,9 +43,18 @@ class RunningSwarm:
         )
 
 
+def quick_start_commands() -> list[list[str]]:
+    """The arguments of each `swarm ...` line of the README's Quick start block, in order, comments dropped."""
+    section = (REPO_ROOT / "README.md").read_text().split("## Quick start", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True)[1:] for line in block.splitlines() if line.startswith("swarm ")]
+
+
 @pytest.fixture(scope="session")
 def running_swarm(smollm2_path: Path) -> Iterator[RunningSwarm]:
-    daemon = Daemon("up", "--open", "--peers", "2", "--model", str(smollm2_path), "--ttl", str(TTL))
+    up = quick_start_commands()[0]
+    assert up[:1] == ["up"] and "--peers" in up, f"the README's Quick start should begin with `swarm up`: {up}"
+    daemon = Daemon(*up, "--ttl", str(TTL))
     try:
         peer_ids = [daemon.wait_for(r"peer (\w+) blocks", 240).group(1) for _ in range(2)]
         ray_address = daemon.wait_for(r"ray address: (\S+)", 60).group(1)

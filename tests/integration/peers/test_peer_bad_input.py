@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from swarm._proto import swarm_pb2 as pb
-from swarm.codec import CodecId, encode
+from swarm.codec import CodecId, encode, split
 
 from .wire import session_requests
 
@@ -101,6 +101,31 @@ def test_bad_backward_gradient_shape_is_refused(stubs) -> None:
         stubs[1].Backward(request, timeout=60)
     assert caught.value.code() == INVALID and "grad_outputs shape [1, 2, 576]" in caught.value.details()
     assert_still_serving(stubs[0])
+
+
+def test_stream_chunks_that_disagree_on_their_header_are_refused(stubs) -> None:
+    chunks = list(split(encode(torch.randn(1, 64, 576), CodecId.NONE), 64 * 576))  # 5 chunks
+    requests = [forward_request(chunk, position=5 if index == 2 else 0) for index, chunk in enumerate(chunks)]
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stubs[0].ForwardStream(iter(requests), timeout=60))
+    assert caught.value.code() == INVALID
+    assert "chunk 2 of the stream has position 5 where chunk 0 has 0" in caught.value.details()
+    agreeing = [forward_request(chunk, position=0) for chunk in chunks]
+    assert len(list(stubs[0].ForwardStream(iter(agreeing), timeout=60))) >= 1
+    assert_still_serving(stubs[0])
+
+
+def test_the_health_service_refuses_bytes_that_do_not_parse_as_the_peer_service_does(peer_servers) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(peer_servers[0].address) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")  # raw bytes both ways
+        with pytest.raises(grpc.RpcError) as caught:
+            check(b"\xff\xff\xff", timeout=30)
+        assert caught.value.code() == INVALID
+        assert "not a valid grpc.health.v1.HealthCheckRequest" in caught.value.details()
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def session(session_id: str, steps: list[tuple[int, torch.Tensor]], max_length: int = 8, batch_size: int = 1):

@@ -1,0 +1,27 @@
+"""The README's Quick start, run as written: its `swarm up` line started the shared swarm (conftest.py); the lines
+after it run here in order, with ADDR replaced by the address that `swarm up` printed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ..daemons import ENV, REPO_ROOT
+from .conftest import RunningSwarm, quick_start_commands
+
+
+def test_the_quick_start_runs_as_written(running_swarm: RunningSwarm) -> None:
+    commands = quick_start_commands()[1:]
+    assert [args[0] for args in commands] == ["status", "generate"], commands
+    outputs = []
+    for args in commands:
+        args = [running_swarm.initial_peers if arg == "ADDR" else arg for arg in args]
+        result = subprocess.run(
+            [sys.executable, "-m", "swarm", *args], capture_output=True, text=True, timeout=180, cwd=REPO_ROOT, env=ENV
+        )
+        assert result.returncode == 0, f"swarm {' '.join(args)}:\n{result.stderr[-3000:]}"
+        outputs.append(result.stdout)
+    status, generated = outputs
+    assert "coverage: all 30 blocks served" in status
+    prompt = commands[1][-1]
+    assert generated.startswith(prompt) and len(generated.strip()) > len(prompt) + 20, generated
