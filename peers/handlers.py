@@ -8,7 +8,7 @@ which is grpcio-health-checking's own, `add_health_service` does the refusing. C
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +65,10 @@ def add_peer_service(servicer: object, server: grpc.Server | grpc.aio.Server) ->
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-def add_health_service(servicer: object, server: grpc.Server | grpc.aio.Server) -> None:
-    """Serve grpc.health.v1.Health from `servicer` (grpc_health's HealthServicer), refusing unparsable requests with
-    INVALID_ARGUMENT as the Peer service does."""
+def add_health_service(servicer: object, server: grpc.aio.Server) -> None:
+    """Serve grpc.health.v1.Health from `servicer` (grpc_health's asyncio HealthServicer), refusing unparsable
+    requests with INVALID_ARGUMENT as the Peer service does. The asyncio servicer matters: the plain one's Watch
+    blocks a server thread until the client goes, and a process cannot exit while a pool thread is busy."""
     from grpc_health.v1 import health_pb2
 
     handlers = {}
@@ -84,11 +85,11 @@ def add_health_service(servicer: object, server: grpc.Server | grpc.aio.Server) 
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
-def _refusing_unparsable(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    def handle(request: Any, context: Any) -> Any:
+def _refusing_unparsable(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Unparsable):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request.error()))
-        return method(request, context)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request.error()))
+        return await method(request, context)
 
     return handle
 

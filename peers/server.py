@@ -108,7 +108,7 @@ class PeerServer:
         )
         self.service = PeerService(self.backend, self.engine, service, self.metrics)
         self._bind_gauges()
-        self.health = health.HealthServicer()
+        self.health = health.aio.HealthServicer()  # Watch streams are coroutines, cancelled when the server stops
         self._loop = serving_loop()
         self._server = self._loop.run(self._serve_on_loop())
         self.address = f"{config.host}:{self.port}"
@@ -197,8 +197,11 @@ class PeerServer:
         )
 
     def _set_health(self, status: int) -> None:
+        self._loop.run(self._set_health_on_loop(status))
+
+    async def _set_health_on_loop(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
-            self.health.set(name, status)
+            await self.health.set(name, status)
 
 
 def pool_shape(span: BlockSpan, config: ServerConfig) -> PoolShape:

@@ -1,10 +1,15 @@
-"""Fixtures shared by every test: the converted SmolLM2 checkpoint (built once, cached under .cache/)."""
+"""Fixtures shared by every test: the converted SmolLM2 checkpoint (built once, cached under .cache/); and a guard
+that the test process exits once the session is over."""
 
 from __future__ import annotations
 
+import faulthandler
+import sys
 from pathlib import Path
 
 import pytest
+
+EXIT_GRACE_S = 120  # after the last test, the process must be gone within this
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_MODEL_DIR = REPO_ROOT / ".cache" / "models" / "smollm2-135m"
@@ -16,3 +21,10 @@ def smollm2_path() -> Path:
     from swarm.partition.gguf import ensure_test_model
 
     return ensure_test_model(TEST_MODEL_DIR)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A thread that never ends (a pool worker stuck in a handler that waits forever) keeps Python from exiting:
+    CI then waits out its whole time limit with nothing to show. Past EXIT_GRACE_S, print every thread's stack and
+    exit with status 1 instead."""
+    faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True, file=sys.stderr)
