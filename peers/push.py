@@ -24,6 +24,7 @@ _WAKE = object()  # wakes the serving loop to look at a failure
 # otherwise delay this answer past the client's step deadline and get this (healthy) peer blamed. On a failed
 # push the client sends the step itself.
 PUSH_TIMEOUT_S = 0.5
+PUSH_ANSWER_WAIT_S = 0.1  # how long a peer's answer waits to say whether its push went through
 PUSH_THREADS = 32  # pushes in flight at once; a push holds a thread only while it is sent
 # Messages a session may have waiting: a client sends one step and waits for its answer, a push may come beside
 # it, and chunks of a big step are taken out at once (their bytes are bounded by LimitsConfig.stream_bytes). A
@@ -132,15 +133,21 @@ class Pusher:
         self._threads = ThreadPoolExecutor(PUSH_THREADS, thread_name_prefix="peer-push")
 
     async def send(self, targets: list[pb.PushTarget], step_id: int, position: int, output: pb.Tensor) -> bool:
-        """Push `output` to the first target (the rest ride along); called on the serving loop, it waits for the
-        call on a push thread. False (the client then sends the step itself) when there is no target, the output
-        is too big for one message, or the push failed."""
+        """Push `output` to the first target (the rest ride along); called on the serving loop, the call runs on a
+        push thread. False (the client then sends the step itself) when there is no target, the output is too big
+        for one message, or the push failed within PUSH_ANSWER_WAIT_S. A push still under way by then counts as
+        sent and goes on in the background: a slow target still gets it, and a frozen one is the client's to find
+        late (swarm/client/pace.py), rather than a reason to hold this peer's own answer back."""
         if not targets or output.ByteSize() > self.max_message_bytes - 4096:
             return False
         target, rest = targets[0], targets[1:]
         step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=output, push_to=rest)
         request = pb.PushRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, session_id=target.session_id, step=step)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, self._push, target, request)
+        pushing = asyncio.get_running_loop().run_in_executor(self._threads, self._push, target, request)
+        try:
+            return await asyncio.wait_for(asyncio.shield(pushing), PUSH_ANSWER_WAIT_S)
+        except TimeoutError:
+            return True
 
     def _push(self, target: pb.PushTarget, request: pb.PushRequest) -> bool:
         try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SMALL_STEP_TOKENS = 8  # tokens per sequence up to which a step's time is a decode step's
-LATE_FACTOR = 10.0  # a small step is late after this many times the hop's usual small-step time...
+LATE_FACTOR = 4.0  # a small step is late after this many times the hop's usual small-step time...
 LATE_FLOOR_S = 1.0  # ...and never before this (one slow iteration of a busy peer is not a frozen peer)
 SMOOTHING = 0.2  # weight of the newest sample in the moving average
 
@@ -33,10 +33,11 @@ class HopPace:
 
     def observe(self, elapsed_s: float, tokens_per_sequence: int) -> None:
         """Fold the time of an answered step into the average. A big step (the prompt's prefill) only seeds it:
-        a small step takes no longer than a big one, so the first decode step is not left with the full timeout."""
+        a decode step takes no longer than the prefill did, so the first decode step is late after that long
+        rather than after the full timeout."""
         previous = self.small_step_s
         if tokens_per_sequence > SMALL_STEP_TOKENS:
-            if previous is None:
-                self.small_step_s = elapsed_s
+            if previous is None:  # late after as long as the whole prefill took (or the floor)
+                self.small_step_s = elapsed_s / self.factor
             return
         self.small_step_s = elapsed_s if previous is None else previous + SMOOTHING * (elapsed_s - previous)

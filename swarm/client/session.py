@@ -285,7 +285,9 @@ class InferenceSession:
                 backoff = self.router.bans.ban(culprit)
             logger.warning("peer=%s failed (%s); avoided for %.1f s, rerouting", culprit, error, backoff)
             try:
-                replacement = self._open(failed.hop.span, failed.inputs, fresh=True)
+                # The background view first (a DHT read costs a frozen peer's session time); re-read only if it
+                # leaves the span uncovered (_choose), e.g. when the failed peer was its only server.
+                replacement = self._open(failed.hop.span, failed.inputs, fresh=False)
             except _ReplayFailed as replay:
                 culprit, error = replay.peer_id, replay.error
                 continue

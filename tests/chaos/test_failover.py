@@ -29,7 +29,7 @@ TTL = 6.0
 NEW_TOKENS = 12
 TRIALS = 6  # per kind of failure: each trial strikes a random peer at a random step
 DRAIN_TRIALS = 5  # each SIGTERM trial waits for a fresh peer to load its blocks and join (~20 s): kept bounded
-FROZEN_STALL_S = 2.0  # the longest a frozen peer may hold up a token
+FROZEN_STALL_S = 2.0  # the longest a frozen peer may hold up a token; waiting out the step timeout takes > 10 s
 PROMPT = "The ferry crossed the river every morning, and"
 SLOTS = {"a": "0:15", "b": "0:15", "c": "15:30", "d": "15:30"}
 
@@ -118,7 +118,7 @@ def model(cluster: Cluster) -> Iterator[DistributedModelForCausalLM]:
         cluster.model_path,
         [cluster.initial_peers],
         codec=CodecId.NONE,
-        step_timeout_s=3.0,
+        step_timeout_s=10.0,
         refresh_s=1.0,
         ban_base_s=2.0,
         max_failovers=4,
@@ -208,7 +208,7 @@ def test_sigterm_of_a_random_peer_at_a_random_step(model, cluster, prompt_and_ex
 
 def test_a_peer_that_stops_answering_at_a_random_step(model, cluster, prompt_and_expected) -> None:
     """A frozen peer keeps its connections: nothing fails, the answer never comes. The session gives the hop up once
-    it is many times later than its own pace (swarm/client/pace.py), well before the step timeout (3 s here)."""
+    it is many times later than its own pace (swarm/client/pace.py), well before the step timeout (10 s here)."""
 
     def strike(peer_id: str) -> None:
         os.kill(cluster.peers[cluster.slot_of(peer_id)].actor_pid, signal.SIGSTOP)
@@ -217,4 +217,5 @@ def test_a_peer_that_stops_answering_at_a_random_step(model, cluster, prompt_and
         os.kill(cluster.peers[slot].actor_pid, signal.SIGCONT)
 
     stalls = run_trials(model, cluster, prompt_and_expected, strike, recover)
+    print(f"longest wait for a token after freezing a peer, per trial: {[round(s, 2) for s in stalls]} s")
     assert max(stalls) < FROZEN_STALL_S, f"stalls after freezing a peer: {[round(s, 2) for s in stalls]}"

@@ -81,6 +81,9 @@ class Oracle:
         if not requests or sum(r.ByteSize() + MESSAGE_OVERHEAD_BYTES for r in requests) > budget:
             return Expect(False, why="empty or over stream_bytes")
         fields = ("hidden_states", "grad_outputs") if rpc == "BackwardStream" else ("hidden_states",)
+        headers = [f.name for f in requests[0].DESCRIPTOR.fields if f.name not in ("hidden_states", "grad_outputs")]
+        if any(getattr(r, name) != getattr(requests[0], name) for r in requests[1:] for name in headers):
+            return Expect(False, why="chunks disagree on a header field")
         joined = []
         for field in fields:
             chunks = [getattr(r, field) for r in requests if r.HasField(field)]

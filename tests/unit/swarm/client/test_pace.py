@@ -11,11 +11,11 @@ def test_a_hop_without_history_gets_the_full_timeout() -> None:
 
 def test_the_prefill_seeds_the_pace_and_decode_steps_refine_it() -> None:
     pace = HopPace(timeout_s=30.0)
-    pace.observe(0.3, tokens_per_sequence=40)  # the prompt: a generous first guess
-    assert pace.deadline_s(1) == 3.0
+    pace.observe(1.5, tokens_per_sequence=40)  # the prompt: late after as long as it took
+    assert pace.deadline_s(1) == 1.5
     for _ in range(50):
         pace.observe(0.02, tokens_per_sequence=1)
-    assert pace.deadline_s(1) == LATE_FLOOR_S  # 10 x 20 ms is under the floor
+    assert pace.deadline_s(1) == LATE_FLOOR_S  # 4 x 20 ms is under the floor
     pace.observe(5.0, tokens_per_sequence=40)  # later big steps do not move it
     assert pace.deadline_s(1) == LATE_FLOOR_S
 
@@ -24,7 +24,7 @@ def test_big_steps_and_slow_hops_are_given_room() -> None:
     pace = HopPace(timeout_s=30.0)
     for _ in range(50):
         pace.observe(0.5, tokens_per_sequence=1)
-    assert 4.9 < pace.deadline_s(1) <= 5.0
+    assert 1.99 < pace.deadline_s(1) <= 2.0
     assert pace.deadline_s(SMALL_STEP_TOKENS + 1) == 30.0
     pace.observe(10.0, tokens_per_sequence=1)
     assert pace.deadline_s(1) <= 30.0
