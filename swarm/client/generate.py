@@ -38,8 +38,11 @@ class GenerationParams:
             raise InvalidArgument("repetition_penalty", f"must be > 0 (1: off), got {self.repetition_penalty}")
 
 
-def logits_processors(params: GenerationParams) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Hugging Face's own processors for the arguments given, as one function (ids, scores) -> scores."""
+def logits_processors(
+    params: GenerationParams, extra: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = ()
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Hugging Face's own processors for the arguments given, then the caller's (`logits_processor=` of generate),
+    as one function (ids, scores) -> scores."""
     from transformers.generation import (
         LogitsProcessorList,
         RepetitionPenaltyLogitsProcessor,
@@ -58,6 +61,7 @@ def logits_processors(params: GenerationParams) -> Callable[[torch.Tensor, torch
             processors.append(TopKLogitsWarper(params.top_k))
         if params.top_p < 1.0:
             processors.append(TopPLogitsWarper(params.top_p))
+    processors.extend(extra)
     return processors
 
 
@@ -68,11 +72,18 @@ def decode_loop(
     new_ids: torch.Tensor,
     params: GenerationParams,
     streamer: Any | None = None,
+    logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = (),
+    stopping_criteria: Sequence[Callable[..., Any]] = (),
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Generate after `new_ids` [batch, n]; `history` [batch, m] holds tokens the session already saw (for the
     repetition penalty). `step(ids)` returns next-token logits [batch, vocab] for ids appended to the session.
+
+    `logits_processor` runs after the processors `params` asks for; `stopping_criteria` (Hugging Face's
+    StoppingCriteria, called with every id so far and the scores) ends a sequence when one says so; `generator`
+    draws the samples (a seeded torch.Generator makes sampling repeatable whatever other threads draw).
     Returns the generated tokens [batch, <= max_new_tokens]."""
-    process = logits_processors(params)
+    process = logits_processors(params, logits_processor)
     seen = torch.cat([history, new_ids], dim=1)
     finished = torch.zeros(new_ids.shape[0], dtype=torch.bool)
     generated: list[torch.Tensor] = []
@@ -80,7 +91,7 @@ def decode_loop(
     for _ in range(params.max_new_tokens):
         scores = process(seen, step(feed).float())
         if params.do_sample:
-            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            tokens = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
         else:
             tokens = scores.argmax(dim=-1)
         tokens = torch.where(finished, torch.full_like(tokens, params.pad_token_id), tokens)
@@ -89,6 +100,8 @@ def decode_loop(
             streamer.put(tokens)
         seen, feed = torch.cat([seen, tokens[:, None]], dim=1), tokens[:, None]
         finished |= _is_eos(tokens, params.eos_token_ids)
+        for criterion in stopping_criteria:
+            finished |= torch.as_tensor(criterion(seen, scores), dtype=torch.bool).expand_as(finished)
         if bool(finished.all()):
             break
     if not generated:

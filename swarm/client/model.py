@@ -7,7 +7,7 @@ routed over the peers the registry lists. No Ray is needed on the client.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +168,15 @@ class DistributedModelForCausalLM:
         attention_mask: torch.Tensor | None = None,
         session: ModelSession | None = None,
         max_length: int | None = None,
+        logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None,
+        stopping_criteria: Sequence[Callable[..., Any]] | None = None,
+        generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Like transformers' generate: returns input_ids followed by the new tokens, [batch, n + new].
+
+        `logits_processor` and `stopping_criteria` take Hugging Face's lists (LogitsProcessorList,
+        StoppingCriteriaList) or any callables of that signature. `generator` (not in Hugging Face) draws the
+        samples: a seeded torch.Generator gives the same text for the same seed, whatever other threads do.
 
         Raises:
             InvalidRequest: padded batches (attention_mask with zeros) or arguments out of range.
@@ -188,7 +195,16 @@ class DistributedModelForCausalLM:
             session = self.inference_session(max_length or input_ids.shape[1] + max_new_tokens, input_ids.shape[0])
         try:
             feed = torch.cat([session.pending, input_ids], dim=1)
-            new = decode_loop(session.next_logits, session.tokens, feed, params, streamer)
+            new = decode_loop(
+                session.next_logits,
+                session.tokens,
+                feed,
+                params,
+                streamer,
+                logits_processor or (),
+                stopping_criteria or (),
+                generator,
+            )
             session.pending = new[:, -1:]
         finally:
             if own:
