@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds per swarm phase")
     args = parser.parse_args()
 
-    from peers.launch import connect_ray
+    from swarm.ray_cluster import connect_ray
     from swarm.training.init_model import write_random_llama
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -18,24 +17,6 @@ logger = logging.getLogger(__name__)
 
 KV_NAMESPACE = "rayswarm"
 INITIAL_PEERS_KEY = b"initial_peers"
-
-
-def connect_ray(address: str | None) -> None:
-    """Attach to the Ray cluster at `address`, or start a local one that listens on 127.0.0.1 only."""
-    if address is None:
-        # Read by Ray at import: without it a local Ray binds the machine's external address (DESIGN.md).
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        # A plain local Ray would otherwise write ~/.ray/auth_token and break later Ray Client use.
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-
-    if ray.is_initialized():
-        return
-    common = {"logging_level": logging.WARNING, "log_to_driver": False}
-    if address is None:
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, **common)
-    else:
-        ray.init(address=address, **common)
 
 
 def spawn_peer(config: PeerConfig, peer_id: str, span: Span) -> Any:

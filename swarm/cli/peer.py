@@ -182,7 +182,8 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
 def run_join(ns: argparse.Namespace) -> int:
     from peers.config import PeerConfig
     from peers.daemon import PeerDaemon, drain
-    from peers.launch import connect_ray, published_initial_peers
+    from peers.launch import published_initial_peers
+    from swarm.ray_cluster import connect_ray
     from swarm.registry import Registry
 
     config = PeerConfig.from_args(ns)

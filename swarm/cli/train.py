@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(ns: argparse.Namespace) -> int:
-    from peers.launch import connect_ray
+    from swarm.ray_cluster import connect_ray
     from swarm.training.job import TrainingJob
 
     credentials = "open" if ns.open else (str(ns.credentials) if ns.credentials else None)

@@ -51,7 +51,7 @@ def local_ray():
     """One local Ray (127.0.0.1 only) for every training test that runs actors; shut down at the end."""
     import ray
 
-    from peers.launch import connect_ray
+    from swarm.ray_cluster import connect_ray
 
     connect_ray(None)
     yield

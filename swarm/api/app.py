@@ -1,0 +1,146 @@
+"""The OpenAI-compatible HTTP API as a Ray Serve application: FastAPI routes over OpenAIService (service.py).
+
+No `from __future__ import annotations` here: Serve's ingress wraps the methods, and FastAPI then cannot resolve
+string annotations (a `Request` parameter would be taken for a query field).
+
+`swarm api` deploys it on a local or existing Ray cluster; `serve run swarm.api.app:build model=DIR
+initial_peers=ADDR open=true` and the Serve config cluster/serve-api.yaml deploy the same application, with as
+many replicas as asked. Every replica is a client of the swarm of its own: it holds the models' heads and opens
+one inference session per request on the peers, which batch sessions from all replicas together.
+"""
+
+import hmac
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from ray import serve
+
+from swarm.api.errors import ApiError, invalid, unauthorized
+from swarm.api.protocol import ChatCompletionRequest, CompletionRequest
+from swarm.api.service import OpenAIService
+from swarm.registry.addresses import initial_peer_list
+from swarm.security import SwarmCredentials
+
+CHAT_PAGE = Path(__file__).with_name("chat.html")
+MAX_ONGOING_REQUESTS = 256  # per replica; each is a worker thread waiting on the peers most of the time
+
+app = FastAPI(title="RaySwarm OpenAI-compatible API")
+
+
+@app.exception_handler(ApiError)
+async def _api_error(request: Request, error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid request"}
+    param = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+    return await _api_error(request, invalid(f"{param or 'body'}: {first.get('msg')}", param=param))
+
+
+def _respond(result: dict[str, Any] | AsyncIterator[str]) -> Any:
+    if isinstance(result, dict):
+        return result
+    return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# Serve pickles the class when it is decorated: whatever its methods use must be defined above it.
+@serve.deployment(max_ongoing_requests=MAX_ONGOING_REQUESTS, ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class SwarmOpenAI:
+    """One replica: the models' client parts, joined to the swarm through `initial_peers`."""
+
+    def __init__(
+        self,
+        models: Sequence[str],
+        initial_peers: Sequence[str],
+        credentials: str | None = None,
+        api_keys: Sequence[str] = (),
+        client_options: dict[str, Any] | None = None,
+    ) -> None:
+        chosen = SwarmCredentials.load(Path(credentials)) if credentials else SwarmCredentials.open()
+        self.service = OpenAIService.connect(
+            [Path(model) for model in models], initial_peers, chosen, MAX_ONGOING_REQUESTS, **(client_options or {})
+        )
+        self.api_keys = tuple(api_keys)
+
+    def _authorize(self, request: Request) -> None:
+        if not self.api_keys:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key:
+            raise unauthorized("no API key: send the header 'Authorization: Bearer KEY'")
+        if not any(hmac.compare_digest(key.encode(), known.encode()) for known in self.api_keys):
+            raise unauthorized("the API key is not one this server accepts")
+
+    @app.get("/")
+    async def page(self) -> FileResponse:
+        return FileResponse(CHAT_PAGE, media_type="text/html")
+
+    @app.get("/health")
+    async def health(self) -> dict[str, Any]:
+        return self.service.health()
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> dict[str, Any]:
+        self._authorize(request)
+        return self.service.list_models()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
+        self._authorize(request)
+        return _respond(await self.service.chat(body))
+
+    @app.post("/v1/completions")
+    async def completions(self, body: CompletionRequest, request: Request) -> Any:
+        self._authorize(request)
+        return _respond(await self.service.complete(body))
+
+    def __del__(self) -> None:
+        service = getattr(self, "service", None)
+        if service is not None:
+            service.close()
+
+
+def read_api_keys(path: Path) -> list[str]:
+    """One key per line; blank lines and lines starting with # are skipped."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def build(args: dict[str, Any]) -> serve.Application:
+    """The application builder for `serve run swarm.api.app:build KEY=VALUE ...` and Serve config files.
+
+    args: `model` (a checkpoint directory, or several separated by commas), `initial_peers` (one multiaddress or
+    several separated by commas), `credentials` (a member's credential directory) or `open: true`, `api_keys`
+    (a file of keys), `num_replicas`, and ClientConfig fields in `client_options` (a mapping, config files only).
+    """
+    models = _list(args.get("model") or args.get("models"))
+    if not models:
+        raise ValueError("model: give at least one checkpoint directory")
+    credentials = args.get("credentials")
+    if not credentials and str(args.get("open", "")).lower() not in ("1", "true", "yes"):
+        raise ValueError("give credentials=DIR (a private swarm's member) or open=true (an open swarm)")
+    keys = read_api_keys(Path(args["api_keys"])) if args.get("api_keys") else []
+    deployment = SwarmOpenAI.options(num_replicas=int(args.get("num_replicas", 1)))
+    return deployment.bind(
+        models,
+        initial_peer_list(_list(args.get("initial_peers"))),
+        credentials or None,
+        keys,
+        dict(args.get("client_options") or {}),
+    )
+
+
+def _list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return [str(part) for part in value]

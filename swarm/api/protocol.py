@@ -1,0 +1,144 @@
+"""OpenAI's request bodies, validated by pydantic, and the response objects built from a finished generation.
+
+Fields OpenAI defines that a swarm cannot honour (logprobs, tools, response_format, ...) are refused with a 400
+naming them rather than silently ignored; unknown fields are ignored, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP_SEQUENCES = 4  # as OpenAI
+MAX_CHOICES = 16  # n: every choice is a row of one batched session on the peers
+
+
+class SamplingRequest(BaseModel):
+    """What chat and text completions share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    user: str | None = None
+    # Not in OpenAI's API, as vLLM has them.
+    top_k: int = Field(default=0, ge=0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    # OpenAI's, refused when set: a swarm does not compute them.
+    logprobs: Any = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, stop: str | list[str] | None) -> list[str]:
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stops)}")
+        if any(not text for text in stops):
+            raise ValueError("stop sequences must not be empty")
+        return stops
+
+    def refused_fields(self) -> list[str]:
+        """Fields that were given but that RaySwarm does not implement."""
+        refused = [name for name in ("logprobs", "logit_bias") if getattr(self, name) not in (None, False, {})]
+        return refused
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+
+    def refused_fields(self) -> list[str]:
+        given = [name for name in ("tools", "top_logprobs") if getattr(self, name)]
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            given.append("response_format")
+        return super().refused_fields() + given
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def refused_fields(self) -> list[str]:
+        given = [name for name in ("suffix",) if getattr(self, name)]
+        if self.best_of not in (None, 1, self.n):
+            given.append("best_of")
+        return super().refused_fields() + given
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+FinishReason = Literal["stop", "length"]
+
+
+def completion_id(kind: str) -> str:
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chat_response(
+    request_id: str, model: str, texts: list[str], reasons: list[FinishReason], counts: dict[str, int], extra: dict
+) -> dict[str, Any]:
+    choices = [
+        {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason, "logprobs": None}
+        for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))
+    ]
+    return _envelope(request_id, "chat.completion", model, choices) | {"usage": counts, **extra}
+
+
+def text_response(
+    request_id: str, model: str, texts: list[str], reasons: list[FinishReason], counts: dict[str, int], extra: dict
+) -> dict[str, Any]:
+    choices = [
+        {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
+        for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))
+    ]
+    return _envelope(request_id, "text_completion", model, choices) | {"usage": counts, **extra}
+
+
+def chat_chunk(request_id: str, model: str, index: int, delta: dict, reason: FinishReason | None) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}
+    return _envelope(request_id, "chat.completion.chunk", model, [choice])
+
+
+def text_chunk(request_id: str, model: str, index: int, text: str, reason: FinishReason | None) -> dict[str, Any]:
+    choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+    return _envelope(request_id, "text_completion", model, [choice])
+
+
+def _envelope(request_id: str, kind: str, model: str, choices: list[dict]) -> dict[str, Any]:
+    return {"id": request_id, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
