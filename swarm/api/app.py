@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from ray import serve
 
-from swarm.api.errors import ApiError, invalid, unauthorized
+from swarm.api.errors import api_error_for, invalid, unauthorized
 from swarm.api.protocol import ChatCompletionRequest, CompletionRequest
 from swarm.api.service import OpenAIService
 from swarm.registry.addresses import initial_peer_list
@@ -31,9 +31,11 @@ MAX_ONGOING_REQUESTS = 256  # per replica; each is a worker thread waiting on th
 app = FastAPI(title="RaySwarm OpenAI-compatible API")
 
 
-@app.exception_handler(ApiError)
-async def _api_error(request: Request, error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+@app.exception_handler(Exception)
+async def _api_error(request: Request, error: Exception) -> JSONResponse:
+    """Every error in OpenAI's shape: ours by api_error_for's table, anything unexpected as a 500."""
+    answer = api_error_for(error)
+    return JSONResponse(answer.body(), status_code=answer.status)
 
 
 @app.exception_handler(RequestValidationError)

@@ -69,3 +69,47 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+API_KEY = "test-key-1"
+ORPHAN_MODEL = "smollm2-orphan"  # a model the API serves but no peer does: its requests find no blocks
+
+
+@dataclass
+class RunningApi:
+    daemon: Daemon
+    base_url: str  # http://127.0.0.1:PORT
+    models: list[str]
+
+
+def api_command() -> list[str]:
+    """The arguments of the `swarm api` line of the README's "Use it from any OpenAI client" section."""
+    section = (REPO_ROOT / "README.md").read_text().split("## Use it from any OpenAI client", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    lines = [shlex.split(line, comments=True)[1:] for line in block.splitlines() if line.startswith("swarm api ")]
+    assert len(lines) == 1, f"one `swarm api` line expected in the README's API section: {lines}"
+    return lines[0]
+
+
+@pytest.fixture(scope="session")
+def running_api(running_swarm: RunningSwarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApi]:
+    """`swarm api` as the README starts it, on the swarm's own Ray cluster, with API keys, a short wait for blocks,
+    and a second model that no peer serves."""
+    work = tmp_path_factory.mktemp("api")
+    orphan = work / ORPHAN_MODEL
+    orphan.mkdir()
+    for item in running_swarm.model_path.iterdir():
+        (orphan / item.name).symlink_to(item)
+    keys = work / "api-keys"
+    keys.write_text(f"# keys for the tests\n{API_KEY}\n")
+    port = free_port()
+    args = [running_swarm.initial_peers if arg == "ADDR" else arg for arg in api_command()]
+    args[args.index("--port") + 1] = str(port)
+    flags = ["--model", str(orphan), "--api-keys", str(keys), "--wait-for-blocks", "2"]
+    daemon = Daemon(*args, *flags, "--ray-address", running_swarm.ray_address)
+    try:
+        daemon.wait_for(r"OpenAI API at http", 240)
+        yield RunningApi(daemon, f"http://127.0.0.1:{port}", [running_swarm.model_path.name, ORPHAN_MODEL])
+        assert daemon.terminate(timeout_s=60) == 0
+    finally:
+        daemon.kill()

@@ -1,0 +1,190 @@
+"""`swarm api` over the shared swarm, through the official `openai` client: chat and text completions, streamed and
+not, the same greedy text as DistributedModelForCausalLM, every error class in OpenAI's shape (and the server
+serving on after each), and a client that goes away closing its session on the peers."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from swarm.client import DistributedModelForCausalLM
+from swarm.client.chat import render_chat
+from swarm.registry import Registry
+from swarm.security import SwarmCredentials
+
+from ..daemons import poll_until
+from .conftest import API_KEY, ORPHAN_MODEL, RunningApi, RunningSwarm
+
+MODEL = "smollm2-135m"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(running_api: RunningApi) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{running_api.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def python_client(running_swarm: RunningSwarm) -> Iterator[DistributedModelForCausalLM]:
+    model = DistributedModelForCausalLM.from_pretrained(
+        running_swarm.model_path, running_swarm.initial_peers, credentials=SwarmCredentials.open()
+    )
+    yield model
+    model.close()
+
+
+def test_models_lists_every_model_of_the_api(client: openai.OpenAI, running_api: RunningApi) -> None:
+    assert sorted(model.id for model in client.models.list()) == sorted(running_api.models)
+
+
+def test_health_reports_each_models_blocks(running_api: RunningApi) -> None:
+    with urllib.request.urlopen(f"{running_api.base_url}/health", timeout=30) as answer:
+        health = json.load(answer)
+    assert health["models"][MODEL] == {"blocks": 30, "served_blocks": 30}
+    assert health["models"][ORPHAN_MODEL]["served_blocks"] == 0
+
+
+def test_greedy_chat_equals_the_python_client(
+    client: openai.OpenAI, python_client: DistributedModelForCausalLM, running_swarm: RunningSwarm
+) -> None:
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0)
+    tokenizer = AutoTokenizer.from_pretrained(str(running_swarm.model_path))
+    prompt = tokenizer(render_chat(tokenizer, QUESTION), add_special_tokens=False, return_tensors="pt").input_ids
+    expected = python_client.generate(prompt, max_new_tokens=12, eos_token_id=tokenizer.eos_token_id)
+    new = expected[0, prompt.shape[1] :].tolist()
+    text = tokenizer.decode([token for token in new if token != tokenizer.eos_token_id], skip_special_tokens=True)
+    assert answer.choices[0].message.content == text
+    assert "Paris" in text
+    assert answer.usage.prompt_tokens == prompt.shape[1]
+    assert answer.usage.completion_tokens == len(new)
+    assert answer.choices[0].finish_reason == ("stop" if tokenizer.eos_token_id in new else "length")
+    route = answer.model_extra["swarm"]["route"]
+    assert [(hop["start"], hop["end"]) for hop in route] == [(0, 15), (15, 30)]
+
+
+def test_streamed_chat_is_the_same_text_in_pieces(client: openai.OpenAI) -> None:
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    pieces = [chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len([piece for piece in pieces if piece]) >= 3
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == whole.choices[0].finish_reason
+
+
+def test_completion_stops_at_a_stop_sequence(client: openai.OpenAI) -> None:
+    free = client.completions.create(model=MODEL, prompt="The river rose because", max_tokens=24, temperature=0)
+    text = free.choices[0].text
+    stop = text.split()[3]  # a word in the middle of the free answer
+    cut = client.completions.create(
+        model=MODEL, prompt="The river rose because", max_tokens=24, temperature=0, stop=[stop]
+    )
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(
+        model=MODEL, prompt="The river rose because", max_tokens=24, temperature=0, stop=stop, stream=True
+    )
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == cut.choices[0].text
+
+
+def test_a_seed_repeats_sampled_choices(client: openai.OpenAI) -> None:
+    def sample(seed: int) -> list[str]:
+        answer = client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=1.0, n=3, seed=seed
+        )
+        assert [choice.index for choice in answer.choices] == [0, 1, 2]
+        return [choice.text for choice in answer.choices]
+
+    first = sample(7)
+    assert sample(7) == first
+    assert len(set(first)) > 1  # three rows of one batch, each its own draw
+
+
+def test_penalties_change_a_repetitive_answer(client: openai.OpenAI) -> None:
+    prompt = "one one one one one one one one"
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+    penalised = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, temperature=0, frequency_penalty=2.0, presence_penalty=2.0
+    )
+    assert plain.choices[0].text != penalised.choices[0].text
+
+
+def _error(call) -> openai.APIStatusError:
+    with pytest.raises(openai.APIStatusError) as caught:
+        call()
+    body = caught.value.response.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return caught.value
+
+
+def test_every_error_class_in_openai_shape(client: openai.OpenAI, running_api: RunningApi) -> None:
+    chat = client.chat.completions.create
+    bad = _error(lambda: chat(model=MODEL, messages=QUESTION, temperature=5))
+    assert bad.status_code == 400 and bad.body["param"] == "temperature"
+    long = _error(lambda: chat(model=MODEL, messages=QUESTION, max_tokens=100_000))
+    assert long.status_code == 400 and long.body["code"] == "context_length_exceeded"
+    role = _error(lambda: chat(model=MODEL, messages=[{"role": "wizard", "content": "hi"}]))
+    assert role.status_code == 400 and role.body["param"] == "messages[0].role"
+    unsupported = _error(lambda: chat(model=MODEL, messages=QUESTION, logit_bias={"1": 5}))
+    assert unsupported.status_code == 400 and unsupported.body["param"] == "logit_bias"
+    unknown = _error(lambda: chat(model="gpt-17", messages=QUESTION))
+    assert unknown.status_code == 404 and unknown.body["code"] == "model_not_found"
+    wrong_key = openai.OpenAI(base_url=f"{running_api.base_url}/v1", api_key="nope", max_retries=0)
+    assert _error(lambda: wrong_key.models.list()).status_code == 401
+    missing = _error(lambda: chat(model=ORPHAN_MODEL, messages=QUESTION, max_tokens=4))
+    assert missing.status_code == 503 and "[0, 30)" in missing.body["message"]
+    full = _error(lambda: chat(model=MODEL, messages=QUESTION, n=16, max_tokens=8000))
+    assert full.status_code == 429 and full.body["type"] == "rate_limit_error"
+    streamed_missing = _error(lambda: chat(model=ORPHAN_MODEL, messages=QUESTION, max_tokens=4, stream=True))
+    assert streamed_missing.status_code == 503
+    assert chat(model=MODEL, messages=QUESTION, max_tokens=2, temperature=0).choices[0].message.content
+
+
+def test_no_key_is_a_401_in_openai_shape(running_api: RunningApi) -> None:
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(f"{running_api.base_url}/v1/models", timeout=30)
+    assert caught.value.code == 401
+    assert json.load(caught.value)["error"]["code"] == "invalid_api_key"
+
+
+def test_a_client_that_goes_away_closes_its_session(client: openai.OpenAI, running_swarm: RunningSwarm) -> None:
+    registry = Registry([running_swarm.initial_peers], client_mode=True, credentials=SwarmCredentials.open())
+    try:
+        metrics = [peer.metrics_address for peer in registry.peers(MODEL)]
+    finally:
+        registry.shutdown()
+    assert len(metrics) == 2 and all(metrics)
+    stream = client.completions.create(model=MODEL, prompt="Tell a long story:", max_tokens=400, stream=True)
+    started = time.monotonic()
+    for _ in zip(range(3), stream, strict=False):
+        pass
+    assert _open_sessions(metrics) == 2  # one per hop, while the answer streams
+    stream.close()
+    poll_until(lambda: _open_sessions(metrics) == 0, 20, lambda: f"{_open_sessions(metrics)} sessions still open")
+    assert time.monotonic() - started < 30  # well before 400 tokens (~0.1 s each here) would have been generated
+
+
+def _open_sessions(metrics: list[str]) -> int:
+    total = 0
+    for address in metrics:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
+            for line in answer.read().decode().splitlines():
+                if line.startswith("swarm_open_sessions"):
+                    total += int(float(line.rsplit(" ", 1)[1]))
+    return total
