@@ -9,6 +9,7 @@ the next step through `stopping_criteria`, and the session on the peers is close
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
@@ -35,6 +36,7 @@ class Sampling:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,7 @@ class Generation:
         self, model: DistributedModelForCausalLM, tokenizer: Any, prompt_ids: list[int], sampling: Sampling
     ) -> None:
         self.model, self.tokenizer, self.prompt_ids, self.sampling = model, tokenizer, prompt_ids, sampling
-        eos = model.config.eos_token_id
+        eos = None if sampling.ignore_eos else model.config.eos_token_id
         self.eos_ids = [] if eos is None else list(eos) if isinstance(eos, list | tuple) else [int(eos)]
         self.choices = [ChoiceText(tokenizer, sampling.stops, self.eos_ids) for _ in range(sampling.n)]
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -167,7 +169,7 @@ class Generation:
                 finished[index] = "length"
         if texts or finished:
             self._emit(Deltas(texts, finished))
-        gaps = [1000 * (b - a) for a, b in zip(self._step_times, self._step_times[1:], strict=False)]
+        gaps = [1000 * (b - a) for a, b in itertools.pairwise(self._step_times)]
         self._emit(Finished(sum(len(choice.ids) for choice in self.choices), self.route(), gaps))
 
     def route(self) -> list[dict[str, Any]]:

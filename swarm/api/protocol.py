@@ -28,14 +28,15 @@ class SamplingRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(default=None, validate_default=True)  # always a list once validated
     seed: int | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     user: str | None = None
-    # Not in OpenAI's API, as vLLM has them.
+    # Not in OpenAI's API: vLLM's extensions.
     top_k: int = Field(default=0, ge=0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
+    ignore_eos: bool = False  # generate max_tokens tokens whatever the model says (benchmarks)
     # OpenAI's, refused when set: a swarm does not compute them.
     logprobs: Any = None
     logit_bias: dict[str, float] | None = None

@@ -249,6 +249,7 @@ def _sampling(request: protocol.SamplingRequest, served: ServedModel, ids: list[
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         repetition_penalty=request.repetition_penalty,
+        ignore_eos=request.ignore_eos,
     )
 
 

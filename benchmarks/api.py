@@ -1,0 +1,164 @@
+"""API benchmark: concurrent streaming chat requests through `swarm api` (Ray Serve) against the same generations
+through the Python client, over one local swarm of 2 peers, in the same run.
+
+Run: `python -m benchmarks.api --model .cache/models/smollm2-135m [--concurrency 1 8 32] [--new-tokens 64]`.
+A local Ray, a DHT and 2 peers ([0, 15), [15, 30)) as `swarm up` starts them; the API app deployed on that Ray
+(one replica). Each level runs N streaming chat requests at once (threads, the official `openai` client), greedy,
+`ignore_eos` so that each yields exactly `new_tokens` tokens. The baseline runs 8 threads of
+DistributedModelForCausalLM.generate on the same rendered prompt, in this process, before and after the API's
+level 8 (the mean of both is the figure). Prints one JSON object: per level, TTFT p50/p95, per-token p50/p95
+(ms) and aggregate tokens/s; at the top, http_vs_client_8 = the API's aggregate tokens/s at 8 / the client's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+PROMPT = [{"role": "user", "content": "Tell me about the old stone bridge at the edge of the market town."}]
+MODEL_NAME = "smollm2-135m"
+
+
+@dataclass
+class Level:
+    first_token_s: list[float] = field(default_factory=list)
+    token_s: list[float] = field(default_factory=list)
+    tokens: int = 0
+    failures: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, started: float, times: list[float], tokens: int) -> None:
+        with self.lock:
+            if times:
+                self.first_token_s.append(times[0] - started)
+                self.token_s.extend(b - a for a, b in itertools.pairwise(times))
+            self.tokens += tokens
+
+    def summary(self, seconds: float) -> dict:
+        return {
+            "ttft_ms_p50": _ms(self.first_token_s, 50),
+            "ttft_ms_p95": _ms(self.first_token_s, 95),
+            "token_ms_p50": _ms(self.token_s, 50),
+            "token_ms_p95": _ms(self.token_s, 95),
+            "tokens_per_s": round(self.tokens / seconds, 2),
+            "failures": self.failures[:3],
+        }
+
+
+def _ms(samples: list[float], percentile: int) -> float | None:
+    if len(samples) < 2:
+        return round(1000 * samples[0], 1) if samples else None
+    return round(1000 * statistics.quantiles(samples, n=100)[percentile - 1], 1)
+
+
+def _through_api(base_url: str, new_tokens: int, level: Level) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
+    started, times, tokens = time.perf_counter(), [], 0
+    try:
+        stream = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=PROMPT,
+            max_tokens=new_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                times.append(time.perf_counter())
+            if chunk.usage:
+                tokens = chunk.usage.completion_tokens
+    except Exception as error:
+        level.failures.append(repr(error))
+    level.record(started, times, tokens)
+
+
+def _through_client(model, prompt: torch.Tensor, new_tokens: int, level: Level) -> None:
+    started, times = time.perf_counter(), []
+
+    class Clock:
+        def put(self, tokens: torch.Tensor) -> None:
+            times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    try:
+        model.generate(prompt, max_new_tokens=new_tokens, eos_token_id=[], streamer=Clock())
+    except Exception as error:
+        level.failures.append(repr(error))
+    level.record(started, times[1:], len(times) - 1)  # the first put is the prompt
+
+
+def run_level(target, args: tuple, concurrency: int) -> dict:
+    level = Level()
+    threads = [threading.Thread(target=target, args=(*args, level)) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return level.summary(time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--port", type=int, default=8031)
+    ns = parser.parse_args(argv)
+
+    from ray import serve
+    from transformers import AutoTokenizer
+
+    from peers.local_swarm import LocalSwarm
+    from swarm.api.app import build
+    from swarm.client import DistributedModelForCausalLM
+    from swarm.client.chat import render_chat
+    from swarm.security import SwarmCredentials
+
+    credentials = SwarmCredentials.open()
+    swarm = LocalSwarm(ns.model, 2, credentials)
+    swarm.start()
+    serve.start(http_options={"host": "127.0.0.1", "port": ns.port})
+    args = {"model": [str(ns.model.resolve())], "initial_peers": list(swarm.initial_peers), "open": True}
+    serve.run(build(args), name="swarm-api", route_prefix="/")
+    model = DistributedModelForCausalLM.from_pretrained(ns.model, list(swarm.initial_peers), credentials=credentials)
+    tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
+    prompt = tokenizer(render_chat(tokenizer, PROMPT), add_special_tokens=False, return_tensors="pt").input_ids
+    base_url = f"http://127.0.0.1:{ns.port}/v1"
+    try:
+        run_level(_through_api, (base_url, 4), 2)  # warm-up: the replica's first requests, the peers' caches
+        results: dict = {"new_tokens": ns.new_tokens, "api": {}, "client": {}}
+        client_runs = [run_level(_through_client, (model, prompt, ns.new_tokens), 8)]
+        for concurrency in ns.concurrency:
+            results["api"][str(concurrency)] = run_level(_through_api, (base_url, ns.new_tokens), concurrency)
+            if concurrency == 8:
+                client_runs.append(run_level(_through_client, (model, prompt, ns.new_tokens), 8))
+        results["client"]["8"] = client_runs
+        client_8 = statistics.mean(run["tokens_per_s"] for run in client_runs)
+        if "8" in results["api"]:
+            results["http_vs_client_8"] = round(results["api"]["8"]["tokens_per_s"] / client_8, 3)
+        print(json.dumps(results, indent=1))
+    finally:
+        model.close()
+        serve.shutdown()
+        swarm.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""What the API accepts and refuses before any generation: request bodies, errors' OpenAI shape and statuses, the
+Serve config in cluster/, and `build`'s arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+from ray.serve.schema import ServeDeploySchema
+
+from swarm.api.errors import api_error_for
+from swarm.api.protocol import ChatCompletionRequest, CompletionRequest
+from swarm.errors import InvalidArgument, LimitExceeded, MissingBlocks, Overloaded, PeerUnavailable
+
+CLUSTER = Path(__file__).resolve().parents[4] / "cluster"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_openai_defaults() -> None:
+    request = ChatCompletionRequest(model="m", messages=MESSAGES)
+    assert (request.temperature, request.top_p, request.n, request.stream, request.stop) == (1.0, 1.0, 1, False, [])
+    assert request.token_limit is None and request.refused_fields() == []
+
+
+def test_max_completion_tokens_wins_over_max_tokens() -> None:
+    assert ChatCompletionRequest(model="m", messages=MESSAGES, max_tokens=5, max_completion_tokens=9).token_limit == 9
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"temperature": 2.5},
+        {"top_p": 0},
+        {"n": 0},
+        {"n": 17},
+        {"max_tokens": -1},
+        {"presence_penalty": 3},
+        {"stop": ["a", "b", "c", "d", "e"]},
+        {"stop": [""]},
+        {"messages": []},
+    ],
+)
+def test_out_of_range_fields_are_refused(field: dict) -> None:
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest(**{"model": "m", "messages": MESSAGES, **field})
+
+
+def test_fields_a_swarm_cannot_honour_are_named() -> None:
+    assert ChatCompletionRequest(model="m", messages=MESSAGES, logit_bias={"1": 2}).refused_fields() == ["logit_bias"]
+    assert ChatCompletionRequest(model="m", messages=MESSAGES, tools=[{"type": "function"}]).refused_fields() == [
+        "tools"
+    ]
+    assert ChatCompletionRequest(model="m", messages=MESSAGES, response_format={"type": "text"}).refused_fields() == []
+    assert CompletionRequest(model="m", prompt="x", suffix="y").refused_fields() == ["suffix"]
+
+
+def test_a_prompt_of_token_ids_stays_ids() -> None:
+    assert CompletionRequest(model="m", prompt=[1, 2, 3]).prompt == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind"),
+    [
+        (InvalidArgument("top_k", "must be >= 0"), 400, "invalid_request_error"),
+        (Overloaded("full"), 429, "rate_limit_error"),
+        (LimitExceeded("sessions_per_client", "8 of 8"), 429, "rate_limit_error"),
+        (MissingBlocks("no live peer serves blocks [3, 5)"), 503, "service_unavailable"),
+        (PeerUnavailable("gone"), 503, "service_unavailable"),
+        (RuntimeError("bug"), 500, "internal_error"),
+    ],
+)
+def test_errors_map_to_statuses_in_openai_shape(error: Exception, status: int, kind: str) -> None:
+    answer = api_error_for(error)
+    assert answer.status == status
+    assert answer.body()["error"]["type"] == kind
+    assert set(answer.body()["error"]) == {"message", "type", "param", "code"}
+    assert str(error) in answer.body()["error"]["message"]
+
+
+def test_an_invalid_argument_names_its_param() -> None:
+    assert api_error_for(InvalidArgument("messages[0].role", "no")).param == "messages[0].role"
+
+
+def test_the_serve_config_is_valid_for_ray_serve() -> None:
+    config = ServeDeploySchema.model_validate(yaml.safe_load((CLUSTER / "serve-api.yaml").read_text()))
+    (application,) = config.applications
+    assert application.import_path == "swarm.api.app:build"
+    assert application.args["model"] and application.args["initial_peers"]
+
+
+def test_build_refuses_to_guess_the_credentials(smollm2_path: Path) -> None:
+    from swarm.api.app import build
+
+    peers = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWNvWJZLu9wB1MksZMQFZjj39FbroVLf9rjcLFgcuCauTe"
+    with pytest.raises(ValueError, match="open=true"):
+        build({"model": str(smollm2_path), "initial_peers": peers})
+    with pytest.raises(ValueError, match="model"):
+        build({"initial_peers": peers, "open": "true"})
+    application = build({"model": str(smollm2_path), "initial_peers": peers, "open": "true", "num_replicas": 2})
+    assert application is not None
