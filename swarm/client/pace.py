@@ -3,9 +3,10 @@
 A peer that is frozen (SIGSTOP, a swapped-out VM, a GC pause of minutes) keeps its connections open: nothing fails,
 the answer just never comes. Waiting out the whole step timeout (30 s) for it stalls the session that long. Each hop
 instead learns its own pace from its answers to small steps (decode; the prompt's prefill gives a first, generous
-guess). A small step that takes many times that pace, and at least `floor_s`, is late: the session fails the hop
-over to a replica and avoids the peer, as it does for a peer that died. Big steps (replays, long prompts) keep the
-full timeout: their time is not a decode step's, and they are rare.
+guess). A small step that takes many times that pace, and at least `floor_s`, is late: the session probes the peer
+(a health call, session.py). A peer that answers is busy, not frozen, and its answer is awaited up to the full
+timeout; a silent one is failed over to a replica and avoided, as a peer that died is. Big steps (replays, long
+prompts) keep the full timeout: their time is not a decode step's, and they are rare.
 """
 
 from __future__ import annotations

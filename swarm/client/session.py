@@ -49,6 +49,7 @@ MAX_RECEIVE_BYTES = 64 << 20  # accept whatever a peer configured above the defa
 MIN_CHUNK_BYTES = 1024  # a peer chunks answers at its message limit, never this small
 REPLAY_TOKENS = 1024  # batch x tokens per replay step: well under a peer's default max_request_tokens (8192)
 OVERLOADED_PAUSE_S = 2.0
+PROBE_TIMEOUT_S = 0.4  # a late peer that answers a health probe this fast is busy, not frozen
 _CLOSED = object()
 
 
@@ -102,25 +103,30 @@ class SpanSession:
             step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=chunk, push_to=push_to)
             self._requests.put(pb.InferenceRequest(step=step))
 
-    def receive(self, step_id: int, like: torch.Tensor, timeout_s: float | None = None) -> tuple[torch.Tensor, bool]:
+    def receive(
+        self, step_id: int, like: torch.Tensor, timeout_s: float | None = None, patience_s: float | None = None
+    ) -> tuple[torch.Tensor, bool]:
         """The output of step `step_id`, whose input was `like`, and whether the peer pushed it on to the next one.
 
+        An answer is late after `timeout_s` (default step_timeout_s). With `patience_s`, a late peer that still
+        answers a health probe is busy, not frozen: its answer is awaited until `patience_s` in all.
+
         Raises:
-            DeadlineExceeded: no answer within `timeout_s` (default step_timeout_s); the stream is cancelled.
+            DeadlineExceeded: no answer in time; the stream is cancelled.
             InvalidOutput: the answer is not hidden states of the input's shape (swarm/client/checks.py).
             SwarmError subclasses mapped from the peer's gRPC status (swarm/errors.py).
         """
         timeout_s = self.step_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s  # for the whole answer, however the peer trickles it
-        first = self._next_response(deadline, timeout_s)
+        wait = _Wait(timeout_s, timeout_s if patience_s is None else patience_s, self.responsive)
+        first = self._next_response(wait)
         while first.step_id != step_id:  # a late answer to a step we had already given up on
-            first = self._next_response(deadline, timeout_s)
+            first = self._next_response(wait)
         expected = max(first.hidden_states.num_chunks, 1)
         if expected > like.numel() * 4 // MIN_CHUNK_BYTES + 1:  # float32 without compression, chunks of >= 1 KiB
             raise InvalidOutput("decode", f"{self.hop.address} announces {expected} chunks for {list(like.shape)}")
         chunks = [first.hidden_states]
         while len(chunks) < expected:
-            chunks.append(self._next_response(deadline, timeout_s).hidden_states)
+            chunks.append(self._next_response(wait).hidden_states)
         try:
             whole = join(chunks)
         except InvalidRequest as error:  # chunks that do not fit together: the peer's fault, not ours
@@ -131,12 +137,24 @@ class SpanSession:
         self.send(hidden, position, step_id)
         return self.receive(step_id, hidden)[0]
 
-    def _next_response(self, deadline: float, timeout_s: float) -> pb.InferenceResponse:
+    def responsive(self) -> bool:
+        """Whether the peer answers a health probe at once: a frozen process (SIGSTOP, a paused VM) does not."""
         try:
-            item = self._responses.get(timeout=max(deadline - time.monotonic(), 0.0))
-        except queue.Empty:
-            self._call.cancel()
-            raise DeadlineExceeded(f"{self.hop.address}: no answer within {timeout_s:.2f} s") from None
+            pb_grpc.PeerStub(self._channel).Health(pb.HealthRequest(), timeout=PROBE_TIMEOUT_S)
+        except grpc.RpcError:
+            return False
+        return True
+
+    def _next_response(self, wait: _Wait) -> pb.InferenceResponse:
+        while True:
+            try:
+                item = self._responses.get(timeout=wait.remaining_s())
+                break
+            except queue.Empty:
+                if wait.extend():
+                    continue
+                self._call.cancel()
+                raise DeadlineExceeded(f"{self.hop.address}: no answer within {wait.waited_s():.2f} s") from None
         if isinstance(item, grpc.RpcError):
             raise error_for(item.code(), f"{self.hop.address}: {item.details()}")
         if item is _CLOSED:
@@ -147,6 +165,28 @@ class SpanSession:
         self._requests.put(None)
         self._call.cancel()
         self._channel.close()
+
+
+class _Wait:
+    """How long to wait for one answer: until `late_s`; then, if `alive()` (the peer answers a probe), until
+    `patience_s`. Measured from when the wait began, for the whole answer however the peer trickles it."""
+
+    def __init__(self, late_s: float, patience_s: float, alive: Callable[[], bool]) -> None:
+        self.started = time.monotonic()
+        self.at, self.limit, self.alive = self.started + late_s, self.started + max(late_s, patience_s), alive
+
+    def remaining_s(self) -> float:
+        return max(self.at - time.monotonic(), 0.0)
+
+    def waited_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def extend(self) -> bool:
+        """Wait on until the limit, once, if the peer is alive; False when the time is up."""
+        if self.at >= self.limit or not self.alive():
+            return False
+        self.at = self.limit
+        return True
 
 
 class _ReplayFailed(Exception):
@@ -229,8 +269,9 @@ class InferenceSession:
                 if must_send:
                     push_to = [] if verify else self._push_targets(index + 1)
                     state.session.send(hidden, self.position, step_id, push_to)
-                late_after = state.pace.deadline_s(tokens) - (time.monotonic() - since)
-                output, pushed = state.session.receive(step_id, hidden, max(late_after, 0.0))
+                waited = time.monotonic() - since
+                late_after, patience = state.pace.deadline_s(tokens) - waited, self.step_timeout_s - waited
+                output, pushed = state.session.receive(step_id, hidden, max(late_after, 0.0), max(patience, 0.0))
                 state.pace.observe(time.monotonic() - since, tokens)
                 if verify:
                     self._verify(state, hidden, output)
