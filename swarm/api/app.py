@@ -21,7 +21,7 @@ from ray import serve
 
 from swarm.api.errors import api_error_for, invalid, unauthorized
 from swarm.api.protocol import ChatCompletionRequest, CompletionRequest
-from swarm.api.service import OpenAIService
+from swarm.api.service import DEFAULT_MAX_SESSIONS, OpenAIService
 from swarm.registry.addresses import initial_peer_list
 from swarm.security import SwarmCredentials
 
@@ -64,10 +64,13 @@ class SwarmOpenAI:
         credentials: str | None = None,
         api_keys: Sequence[str] = (),
         client_options: dict[str, Any] | None = None,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         chosen = SwarmCredentials.load(Path(credentials)) if credentials else SwarmCredentials.open()
+        paths = [Path(model) for model in models]
+        options = client_options or {}
         self.service = OpenAIService.connect(
-            [Path(model) for model in models], initial_peers, chosen, MAX_ONGOING_REQUESTS, **(client_options or {})
+            paths, initial_peers, chosen, MAX_ONGOING_REQUESTS, max_sessions, **options
         )
         self.api_keys = tuple(api_keys)
 
@@ -121,7 +124,8 @@ def build(args: dict[str, Any]) -> serve.Application:
 
     args: `model` (a checkpoint directory, or several separated by commas), `initial_peers` (one multiaddress or
     several separated by commas), `credentials` (a member's credential directory) or `open: true`, `api_keys`
-    (a file of keys), `num_replicas`, and ClientConfig fields in `client_options` (a mapping, config files only).
+    (a file of keys), `num_replicas`, `max_sessions` (sessions each replica holds on a model's peers at once; more
+    requests wait), and ClientConfig fields in `client_options` (a mapping, config files only).
     """
     models = _list(args.get("model") or args.get("models"))
     if not models:
@@ -137,6 +141,7 @@ def build(args: dict[str, Any]) -> serve.Application:
         credentials or None,
         keys,
         dict(args.get("client_options") or {}),
+        int(args.get("max_sessions", DEFAULT_MAX_SESSIONS)),
     )
 
 

@@ -85,8 +85,9 @@ class Generation:
         self._session: ModelSession | None = None
         self._step_times: list[float] = []
 
-    def start(self, executor: Executor) -> None:
-        self._loop.run_in_executor(executor, self._work)
+    def start(self, executor: Executor) -> asyncio.Future:
+        """Run the generation in `executor`; the future is done when its session is closed."""
+        return self._loop.run_in_executor(executor, self._work)
 
     def cancel(self) -> None:
         """Stop at the next step (the client went away); the session is closed by the worker."""

@@ -6,6 +6,7 @@ app.py puts this behind FastAPI on Ray Serve; everything here is plain asyncio a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -24,6 +25,9 @@ from swarm.config import ClientConfig
 from swarm.security import SwarmCredentials
 
 DEFAULT_MAX_TOKENS = 512  # when a request does not say: a session reserves prompt + max_tokens of KV on each peer
+# Sessions the API holds on a model's peers at once; later requests wait their turn here. Peers admit 16 sessions
+# per client by default (peers/limits.py), and to a peer the whole API is one client.
+DEFAULT_MAX_SESSIONS = 16
 
 
 @dataclass
@@ -57,9 +61,13 @@ class ServedModel:
 class OpenAIService:
     """Serves chat and text completions for the models in `models`, `max_concurrent` generations at once."""
 
-    def __init__(self, models: Sequence[ServedModel], max_concurrent: int = 256) -> None:
+    def __init__(
+        self, models: Sequence[ServedModel], max_concurrent: int = 256, max_sessions: int = DEFAULT_MAX_SESSIONS
+    ) -> None:
         self.models = {served.name: served for served in models}
         self.executor = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="generate")
+        self.max_sessions = max_sessions
+        self._slots: dict[str, asyncio.Semaphore] = {}  # per model, made on the serving loop when first needed
 
     @classmethod
     def connect(
@@ -68,11 +76,12 @@ class OpenAIService:
         initial_peers: Sequence[str],
         credentials: SwarmCredentials,
         max_concurrent: int = 256,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
         **client_options: Any,
     ) -> OpenAIService:
         base = ClientConfig(credentials=credentials, **client_options)
         models = [ServedModel.load(Path(path), initial_peers, base) for path in paths]
-        return cls(models, max_concurrent)
+        return cls(models, max_concurrent, max_sessions)
 
     def list_models(self) -> dict[str, Any]:
         return {"object": "list", "data": [served.card() for served in self.models.values()]}
@@ -113,8 +122,10 @@ class OpenAIService:
         echo: bool = False,
     ) -> dict[str, Any] | AsyncIterator[str]:
         sampling = _sampling(request, served, ids, limit)
+        slots = self._slots.setdefault(served.name, asyncio.Semaphore(self.max_sessions))
+        await slots.acquire()
         generation = Generation(served.model, served.tokenizer, ids, sampling)
-        generation.start(self.executor)
+        generation.start(self.executor).add_done_callback(lambda _: slots.release())
         events = generation.events()
         first = await anext(events)
         if isinstance(first, Failed):

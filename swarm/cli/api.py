@@ -34,6 +34,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=port, default=8000, help="HTTP port")
     parser.add_argument("--api-keys", type=Path, metavar="FILE", help="accept only these keys (one per line)")
     parser.add_argument("--replicas", type=at_least(1), default=1, help="Serve replicas of the API")
+    parser.add_argument(
+        "--max-sessions",
+        type=at_least(1),
+        default=16,
+        help="sessions each replica holds on a model's peers at once; more requests wait their turn (peers admit "
+        "16 per client by default, and the API is one client)",
+    )
     parser.add_argument("--ray-address", help="deploy on this Ray cluster (default: start a local Ray)")
     parser.add_argument(
         "--wait-for-blocks",
@@ -75,6 +82,7 @@ def _serve(ns: argparse.Namespace, models: list[Path]) -> int:
         "open": ns.open,
         "api_keys": str(ns.api_keys) if ns.api_keys else None,
         "num_replicas": ns.replicas,
+        "max_sessions": ns.max_sessions,
         "client_options": {"wait_for_blocks_s": ns.wait_for_blocks},
     }
     try:

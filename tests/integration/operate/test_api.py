@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -123,6 +124,19 @@ def test_penalties_change_a_repetitive_answer(client: openai.OpenAI) -> None:
         model=MODEL, prompt=prompt, max_tokens=8, temperature=0, frequency_penalty=2.0, presence_penalty=2.0
     )
     assert plain.choices[0].text != penalised.choices[0].text
+
+
+def test_a_burst_beyond_the_peers_session_limit_waits_its_turn(client: openai.OpenAI) -> None:
+    """24 requests at once: the API holds 16 sessions (what peers admit per client) and queues the rest, so none
+    is refused by a peer's limit."""
+
+    def ask(_: int) -> str:
+        answer = client.completions.create(model=MODEL, prompt="Count: one, two,", max_tokens=2, temperature=0)
+        return answer.choices[0].text
+
+    with ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(ask, range(24)))
+    assert len(set(answers)) == 1 and answers[0]
 
 
 def _error(call) -> openai.APIStatusError:
