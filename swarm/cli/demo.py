@@ -4,7 +4,8 @@ Run: `make demo` (converts the test model first), or `python -m swarm demo --mod
 Part 1 chains three spans in this process; part 2 starts `swarm up`'s embedded swarm (local Ray, a DHT, two
 peers) as a private swarm, with throwaway credentials (`swarm keys`) in a temporary directory, and generates through
 it over TLS with every call authenticated. Hidden states cross every boundary through the default 8-bit codec,
-and both results are compared with Hugging Face `generate` on the whole model.
+and both results are compared with Hugging Face `generate` on the whole model. A checkpoint with a chat template (the
+test model is SmolLM2-135M-Instruct) gets the prompt as a user message; `--raw` sends it as is.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--swarm-peers", type=int, default=2, help="peers of the local swarm (0: skip part 2)")
     parser.add_argument("--prompt", default="The three laws of thermodynamics state that")
     parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     parser.set_defaults(run=run)
 
 
@@ -42,8 +44,10 @@ def run(ns: argparse.Namespace) -> int:
         ensure_test_model(ns.model)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from swarm.client.chat import prompt_ids
+
     tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
-    input_ids = tokenizer(ns.prompt, return_tensors="pt").input_ids
+    input_ids = prompt_ids(tokenizer, ns.prompt, raw=ns.raw)
     reference = AutoModelForCausalLM.from_pretrained(str(ns.model), dtype=torch.float32).eval()
     with torch.inference_mode():
         expected = reference.generate(input_ids, max_new_tokens=ns.new_tokens, do_sample=False)[
@@ -52,7 +56,8 @@ def run(ns: argparse.Namespace) -> int:
     head = load_client_head(ns.model, progress=True)
     print(f"prompt: {ns.prompt!r}")
     print("\n-- part 1: the model cut into spans, in this process --")
-    _report(tokenizer, expected.tolist(), *_generate(head, _local_spans(ns.model, ns.spans), input_ids, ns.new_tokens))
+    # Each part generates as many tokens as Hugging Face did: it stops early where a chat reply ends (EOS).
+    _report(tokenizer, expected.tolist(), *_generate(head, _local_spans(ns.model, ns.spans), input_ids, len(expected)))
     if ns.swarm_peers:
         print(f"\n-- part 2: a local private swarm of {ns.swarm_peers} peers (Ray actors, DHT, gRPC over TLS) --")
         _through_swarm(ns, head, input_ids, tokenizer, expected.tolist())
@@ -99,7 +104,7 @@ def _through_swarm(ns: argparse.Namespace, head: ClientHead, input_ids: torch.Te
         peers = lambda fresh=False: swarm.bootstrap.peers(name)  # noqa: E731
         session = InferenceSession(MinLatencyRouter(), peers, need, 1, 512, DEFAULT_CODEC, credentials=credentials)
         with session:
-            _report(tokenizer, expected, *_generate(head, lambda h, _: session.step(h), input_ids, ns.new_tokens))
+            _report(tokenizer, expected, *_generate(head, lambda h, _: session.step(h), input_ids, len(expected)))
     finally:
         swarm.stop()
 

@@ -1,7 +1,9 @@
 """`swarm generate --initial-peers ADDR "prompt"`: generate text through the swarm, streaming tokens as they come.
 
 Run: `swarm generate --initial-peers /ip4/127.0.0.1/tcp/PORT/p2p/ID --credentials DIR "Hello"` (or `--open`).
-The client loads only the embeddings, final norm and LM head from --model; the blocks run on the peers.
+The client loads only the embeddings, final norm and LM head from --model; the blocks run on the peers. A checkpoint
+with a chat template (an instruct model) gets the prompt as a user message and prints only its reply; `--raw` sends
+the prompt as is and prints it followed by its continuation.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-k", type=at_least(0), default=0, help="0: off")
     parser.add_argument("--top-p", type=in_range(0, 1, float), default=1.0)
     parser.add_argument("--repetition-penalty", type=positive(), default=1.0, help="1: off")
+    parser.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     parser.add_argument(
         "--codec",
         choices=[codec.name for codec in CodecId],
@@ -40,6 +43,7 @@ def run(ns: argparse.Namespace) -> int:
     from transformers import AutoTokenizer, TextStreamer
 
     from swarm.client import DistributedModelForCausalLM
+    from swarm.client.chat import has_chat_template, prompt_ids
     from swarm.security import SwarmCredentials
 
     credentials = SwarmCredentials.choose(ns.credentials, ns.open)
@@ -49,8 +53,10 @@ def run(ns: argparse.Namespace) -> int:
         ns.model, ns.initial_peers, codec=CodecId[ns.codec], credentials=credentials
     )
     try:
-        input_ids = tokenizer(ns.prompt, return_tensors="pt").input_ids
-        print(ns.prompt, end="", flush=True)
+        input_ids = prompt_ids(tokenizer, ns.prompt, raw=ns.raw)
+        chat = not ns.raw and has_chat_template(tokenizer)
+        if not chat:  # a continuation reads on from the prompt; a reply stands alone
+            print(ns.prompt, end="", flush=True)
         model.generate(
             input_ids,
             max_new_tokens=ns.max_new_tokens,
@@ -59,7 +65,7 @@ def run(ns: argparse.Namespace) -> int:
             top_k=ns.top_k,
             top_p=ns.top_p,
             repetition_penalty=ns.repetition_penalty,
-            streamer=TextStreamer(tokenizer, skip_prompt=True),
+            streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=chat),
         )
     finally:
         model.close()

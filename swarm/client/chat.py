@@ -2,13 +2,15 @@
 SmolLM2-Instruct), else ChatML, the format the SmolLM2 and Qwen families were trained on and whose markers are in
 their vocabularies.
 
-Used by the OpenAI-compatible API (swarm/api), `swarm generate` and `swarm demo`.
+Used by the OpenAI-compatible API (swarm/api), `swarm generate` and `swarm demo` (`prompt_ids`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import torch
 
 from swarm.errors import InvalidArgument
 
@@ -54,6 +56,16 @@ def render_chat(tokenizer: Any, messages: object, add_generation_prompt: bool = 
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
+
+
+def prompt_ids(tokenizer: Any, prompt: str, raw: bool = False) -> torch.Tensor:
+    """The input ids [1, n] for a user's `prompt`: one user message in the checkpoint's chat template with the
+    assistant's turn opened (an instruct model), else, or with `raw`, the prompt as is. The rendered template
+    carries its own special tokens, so the tokenizer adds none (no second BOS)."""
+    if raw or not has_chat_template(tokenizer):
+        return tokenizer(prompt, return_tensors="pt").input_ids
+    text = render_chat(tokenizer, [{"role": "user", "content": prompt}])
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
 
 
 def _text(content: object, index: int) -> str:

@@ -1,13 +1,17 @@
 """DistributedModelForCausalLM: a causal LM whose blocks run in the swarm and which reads like Hugging Face's.
 
 The client holds the embeddings, final norm and LM head; everything between goes through inference sessions
-routed over the peers the registry lists. No Ray is needed on the client.
+routed over the peers the registry lists. No Ray is needed on the client. One model object serves many threads at
+once: each generate() runs its own session unless the calling thread is inside `with model.inference_session()`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,11 @@ DEFAULT_CONTEXT_LENGTH = 8192  # for configs that do not say (peers allow this m
 
 
 class ModelSession:
-    """A multi-turn session: the KV caches on the peers and the tokens they hold. Made by inference_session()."""
+    """A multi-turn session: the KV caches on the peers and the tokens they hold. Made by inference_session().
+
+    A session is one conversation: one generate() at a time uses it (a second one, from another thread, raises
+    InvalidRequest rather than interleaving tokens into the same caches).
+    """
 
     def __init__(self, model: DistributedModelForCausalLM, max_length: int, batch_size: int) -> None:
         check_session_shape(max_length, batch_size, model.context_length)
@@ -55,6 +63,9 @@ class ModelSession:
             self.session.enable_verification(config.verify_fraction, config.verify_margin)
         self.tokens = torch.zeros(batch_size, 0, dtype=torch.long)  # every token the peers have seen
         self.pending = torch.zeros(batch_size, 0, dtype=torch.long)  # generated last turn, not fed yet
+        self._busy = threading.Lock()  # held by the generate() that uses the session
+        self._entered: list[Token[ModelSession | None]] = []  # one per `with`, to restore the outer active session
+        self._closed = False
 
     @property
     def position(self) -> int:
@@ -70,17 +81,36 @@ class ModelSession:
         self.tokens = torch.cat([self.tokens, ids], dim=1)
         return self.model.head.logits(hidden[:, -1])
 
+    @contextmanager
+    def turn(self) -> Iterator[ModelSession]:
+        """Hold the session for one generate() call.
+
+        Raises:
+            InvalidRequest: another thread is generating in this session now.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise InvalidRequest("this session is generating in another thread: give each thread its own session")
+        try:
+            yield self
+        finally:
+            self._busy.release()
+
     def close(self) -> None:
-        self.session.close()
+        if not self._closed:  # the route's load is released once, whatever calls close()
+            self._closed = True
+            self.session.close()
         if self.model.active_session is self:
             self.model.active_session = None
 
     def __enter__(self) -> ModelSession:
-        self.model.active_session = self
+        self._entered.append(self.model._active.set(self))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            self.model._active.reset(self._entered.pop())
 
 
 class DistributedModelForCausalLM:
@@ -114,7 +144,20 @@ class DistributedModelForCausalLM:
             metrics=self.metrics,
             credentials=self.credentials,
         )
-        self.active_session: ModelSession | None = None
+        # Per thread and per asyncio task, not per object: asyncio.to_thread copies the caller's context into its
+        # worker (a threading.local would not follow), and a new thread starts without one. Made per model so
+        # that two models' sessions do not shadow each other; `with` resets it, so no context keeps a session alive.
+        self._active: ContextVar[ModelSession | None] = ContextVar(f"swarm_active_session_{id(self)}", default=None)
+
+    @property
+    def active_session(self) -> ModelSession | None:
+        """The session generate() continues when given none: the innermost `with model.inference_session()` of the
+        calling thread (or asyncio task), never another thread's."""
+        return self._active.get()
+
+    @active_session.setter
+    def active_session(self, session: ModelSession | None) -> None:
+        self._active.set(session)
 
     @classmethod
     def from_pretrained(
@@ -178,8 +221,12 @@ class DistributedModelForCausalLM:
         StoppingCriteriaList) or any callables of that signature. `generator` (not in Hugging Face) draws the
         samples: a seeded torch.Generator gives the same text for the same seed, whatever other threads do.
 
+        Thread-safe: concurrent calls on one model each run their own session, except that `session` (or the
+        calling thread's `with model.inference_session()`) continues that conversation.
+
         Raises:
-            InvalidRequest: padded batches (attention_mask with zeros) or arguments out of range.
+            InvalidRequest: padded batches (attention_mask with zeros), arguments out of range, or a session that
+                another thread is generating in.
         """
         input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings)
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -189,29 +236,54 @@ class DistributedModelForCausalLM:
         )
         if streamer is not None:
             streamer.put(input_ids)
-        session = session or self.active_session
-        own = session is None
-        if own:
-            session = self.inference_session(max_length or input_ids.shape[1] + max_new_tokens, input_ids.shape[0])
+        length = max_length or input_ids.shape[1] + max_new_tokens
         try:
-            feed = torch.cat([session.pending, input_ids], dim=1)
-            new = decode_loop(
-                session.next_logits,
-                session.tokens,
-                feed,
-                params,
-                streamer,
-                logits_processor or (),
-                stopping_criteria or (),
-                generator,
-            )
-            session.pending = new[:, -1:]
+            with self._session_for(session, input_ids.shape[0], length) as turn:
+                new = self._decode(turn, input_ids, params, streamer, logits_processor, stopping_criteria, generator)
         finally:
-            if own:
-                session.close()
             if streamer is not None:
                 streamer.end()
         return torch.cat([input_ids, new], dim=1)
+
+    @contextmanager
+    def _session_for(self, session: ModelSession | None, batch_size: int, max_length: int) -> Iterator[ModelSession]:
+        """The session a generate() call runs in: `session`, else the calling thread's active one (held for the
+        call), else a new one that no other call sees, closed afterwards."""
+        session = session or self.active_session
+        if session is not None:
+            with session.turn():
+                yield session
+            return
+        own = self.inference_session(max_length, batch_size)
+        try:
+            yield own
+        finally:
+            own.close()
+
+    @staticmethod
+    def _decode(
+        session: ModelSession,
+        input_ids: torch.Tensor,
+        params: GenerationParams,
+        streamer: Any | None,
+        logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None,
+        stopping_criteria: Sequence[Callable[..., Any]] | None,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        """The new tokens [batch, <= max_new_tokens] after input_ids, fed to `session` after last turn's last token."""
+        feed = torch.cat([session.pending, input_ids], dim=1)
+        new = decode_loop(
+            session.next_logits,
+            session.tokens,
+            feed,
+            params,
+            streamer,
+            logits_processor or (),
+            stopping_criteria or (),
+            generator,
+        )
+        session.pending = new[:, -1:]
+        return new
 
     def _params(self, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos, pad):
         eos = self.config.eos_token_id if eos is None else eos

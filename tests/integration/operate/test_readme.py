@@ -23,5 +23,4 @@ def test_the_quick_start_runs_as_written(running_swarm: RunningSwarm) -> None:
         outputs.append(result.stdout)
     status, generated = outputs
     assert "coverage: all 30 blocks served" in status
-    prompt = commands[1][-1]
-    assert generated.startswith(prompt) and len(generated.strip()) > len(prompt) + 20, generated
+    assert len(generated.strip()) > 20, generated  # the test model's reply (a chat template: the prompt is not echoed)

@@ -158,7 +158,7 @@ def test_a_script_exits_promptly_however_it_ends(running_swarm: RunningSwarm, sm
 
 
 def test_ctrl_c_on_generate_exits_at_once_and_leaves_nothing(running_swarm: RunningSwarm) -> None:
-    args = ["generate", "--open", "--initial-peers", running_swarm.initial_peers, "--max-new-tokens", "2000"]
+    args = ["generate", "--open", "--initial-peers", running_swarm.initial_peers, "--max-new-tokens", "2000", "--raw"]
     process = UserProcess(["-m", "swarm", *args, "Once upon a time"])
     process.wait_for_output("Once upon a time", timeout_s=120)
     process.interrupt()

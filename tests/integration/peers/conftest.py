@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from peers.limits import LimitsConfig
 from peers.server import PeerServer, ServerConfig
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.security import SwarmCredentials
@@ -18,7 +19,12 @@ from .wire import smollm2_halves
 @pytest.fixture(scope="session")
 def peer_servers(smollm2_path: Path) -> Iterator[list[PeerServer]]:
     config = ServerConfig(
-        cache_tokens=4096, max_session_length=1024, max_request_tokens=4096, credentials=SwarmCredentials.open()
+        cache_tokens=4096,
+        max_session_length=1024,
+        max_request_tokens=4096,
+        # test_distributed_model.py runs 32 generate() calls of one client at once (the default allows 16)
+        limits=LimitsConfig(sessions_per_client=64),
+        credentials=SwarmCredentials.open(),
     )
     with smollm2_halves(smollm2_path, config, "peer", model="smollm2") as servers:
         yield servers

@@ -1,8 +1,12 @@
-"""DistributedModelForCausalLM over two live peers announced in a real DHT, against Hugging Face generate."""
+"""DistributedModelForCausalLM over two live peers announced in a real DHT, against Hugging Face generate; one
+model object shared by many threads."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,7 @@ import torch
 
 from peers.server import PeerServer
 from swarm import CodecId, DistributedModelForCausalLM
+from swarm.errors import InvalidRequest
 from swarm.registry import Announcer, Registry
 from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo
@@ -19,6 +24,10 @@ from .wire import peer_info
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
 PROMPT = "The old stone bridge at the edge of the market town"
+STARTS = ("The", "In winter the", "Everyone knows that the", "My grandmother said the")
+SUBJECTS = ("river", "old clock", "market square", "lighthouse", "bakery", "train station", "garden", "library")
+THREAD_PROMPTS = [f"{start} {subject}" for start in STARTS for subject in SUBJECTS]  # 32 different prompts
+THREAD_TOKENS = 8
 
 
 def announce(server: PeerServer, registry: Registry) -> Announcer:
@@ -168,3 +177,57 @@ def test_the_view_measures_round_trip_times_for_the_router(model) -> None:
     rtts = [model.view.rtt_s(peer.peer_id) for peer in model.view.peers()]
     assert len(rtts) == 2 and all(0 < rtt < 1.0 and rtt != UNMEASURED_RTT_S for rtt in rtts)
     assert model.router.rtt_s == model.view.rtt_s
+
+
+def test_concurrent_generate_calls_on_one_model_equal_each_call_alone(model, reference) -> None:
+    _, tokenizer = reference
+    prompts = [tokenizer(prompt, return_tensors="pt").input_ids for prompt in THREAD_PROMPTS]
+    started = time.perf_counter()
+    alone = [model.generate(ids, max_new_tokens=THREAD_TOKENS) for ids in prompts]
+    sequential_s, started = time.perf_counter() - started, time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda ids: model.generate(ids, max_new_tokens=THREAD_TOKENS), prompts))
+    print(f"{len(prompts)} prompts: sequential {sequential_s:.1f} s, in threads {time.perf_counter() - started:.1f} s")
+    for prompt, expected, got in zip(THREAD_PROMPTS, alone, together, strict=True):
+        assert got.shape == expected.shape and torch.equal(got, expected), (prompt, tokenizer.decode(got[0]))
+
+
+def test_a_threads_inference_session_is_not_used_by_another_threads_generate(model, reference) -> None:
+    _, tokenizer = reference
+    first = tokenizer("Bridges are built", return_tensors="pt").input_ids
+    other = tokenizer(PROMPT, return_tensors="pt").input_ids
+    alone = model.generate(other, max_new_tokens=4)
+    with model.inference_session(max_length=64) as session:
+        model.generate(first, max_new_tokens=4)
+        position = session.position
+        with ThreadPoolExecutor(1) as pool:
+            got = pool.submit(model.generate, other, max_new_tokens=4).result()
+            assert pool.submit(lambda: model.active_session).result() is None
+        assert model.active_session is session and session.position == position
+        # asyncio.to_thread (the API server's way to call generate) carries the caller's session into its worker.
+        assert asyncio.run(asyncio.to_thread(lambda: model.active_session)) is session
+    assert model.active_session is None
+    assert torch.equal(got, alone)
+
+
+def test_a_session_refuses_a_second_thread_while_it_generates(model, reference) -> None:
+    _, tokenizer = reference
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    refused: list[BaseException | None] = []
+
+    class SecondThread:
+        def __init__(self) -> None:
+            self.puts = 0
+
+        def put(self, value: torch.Tensor) -> None:
+            self.puts += 1
+            if self.puts == 2:  # the first token (the first put is the prompt): this generate() holds the session
+                with ThreadPoolExecutor(1) as pool:
+                    refused.append(pool.submit(model.generate, input_ids, session=session).exception())
+
+        def end(self) -> None:
+            pass
+
+    with model.inference_session(max_length=64) as session:
+        model.generate(input_ids, max_new_tokens=2, streamer=SecondThread())
+    assert isinstance(refused[0], InvalidRequest), refused

@@ -19,6 +19,7 @@ import torch
 
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.client.chat import prompt_ids
 from swarm.codec import CodecId, decode, encode
 from swarm.partition import load_span
 from swarm.registry import Registry
@@ -95,7 +96,7 @@ def test_status_shows_peers_spans_states_and_coverage(swarm: Swarm) -> None:
 def test_generate_streams_the_same_text_as_hugging_face(swarm: Swarm, smollm2_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    prompt = "The river rose quickly because"
+    prompt = "Why do rivers flood?"
     result = subprocess.run(
         [
             sys.executable,
@@ -122,10 +123,11 @@ def test_generate_streams_the_same_text_as_hugging_face(swarm: Swarm, smollm2_pa
     )
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path))
     hf_model = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
-    input_ids = tokenizer(prompt, return_tensors="pt").input_ids
+    input_ids = prompt_ids(tokenizer, prompt)  # the test model has a chat template: the prompt is a user message
     with torch.inference_mode():
         expected = hf_model.generate(input_ids, max_new_tokens=16, do_sample=False)
-    assert result.stdout.strip() == tokenizer.decode(expected[0]).strip()
+    reply = tokenizer.decode(expected[0, input_ids.shape[1] :], skip_special_tokens=True)
+    assert result.stdout.strip() == reply.strip()  # only the reply is printed
 
 
 def test_announced_peers_serve_the_model_and_their_throughput(swarm: Swarm, smollm2_path: Path) -> None:

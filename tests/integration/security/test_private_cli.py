@@ -51,7 +51,7 @@ def test_a_member_sees_the_peers_and_generates(initial_peers: str, keys, smollm2
     assert status.returncode == 0, status.stderr[-3000:]
     assert "model smollm2-135m: 2 peer(s)" in status.stdout and "coverage: all 30 blocks served" in status.stdout
     generated = swarm("generate", PROMPT, "--initial-peers", initial_peers, *bob, "--model", str(smollm2_path),
-                      "--max-new-tokens", "8", "--codec", "NONE")  # fmt: skip
+                      "--max-new-tokens", "8", "--codec", "NONE", "--raw")  # fmt: skip
     assert generated.returncode == 0, generated.stderr[-3000:]
     assert generated.stdout.startswith(PROMPT) and len(generated.stdout.strip()) > len(PROMPT)
 

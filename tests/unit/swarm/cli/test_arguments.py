@@ -55,6 +55,13 @@ def test_initial_peers_is_one_address_per_flag_so_the_prompt_after_it_is_not_swa
     assert ns.initial_peers == [ADDRESS] * 3
 
 
+@pytest.mark.parametrize("command", [GENERATE, ["demo"]], ids=["generate", "demo"])
+def test_raw_turns_the_chat_template_off(command: list[str]) -> None:
+    """What --raw changes is swarm.client.chat.prompt_ids (tests/unit/swarm/client/test_chat.py)."""
+    assert build_parser().parse_args(command).raw is False
+    assert build_parser().parse_args([*command, "--raw"]).raw is True
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -1,0 +1,58 @@
+"""The dependency is one way: the client library (`swarm`) imports, parses its command line and starts `swarm
+generate` with the server package (`peers`) unimportable, as on a machine that only runs clients. `swarm` may use
+`peers` only inside the functions of the commands that start peers (`swarm up`, `swarm peer join`, ...)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ADDRESS = "/ip4/127.0.0.1/tcp/1/p2p/QmXnBkqZqU1JmmjUcHHZxQmLkApvz6bDmVdDa2CQRo9Jcn"
+# What a client application imports; the script below also imports every other module of `swarm`.
+CLIENT_MODULES = ("swarm", "swarm.client", "swarm.client.chat", "swarm.cli")
+OPTIONAL_MODULES = ("swarm.api.app",)  # checked where their package exists
+
+SCRIPT = textwrap.dedent(
+    """
+    import importlib, importlib.abc, pkgutil, sys
+
+    class RefusePeers(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "peers" or name.startswith("peers."):
+                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
+
+    sys.meta_path.insert(0, RefusePeers())
+    for name in sys.argv[1].split(","):
+        importlib.import_module(name)
+    import swarm, swarm.cli, swarm.cli.generate
+
+    argv = ["generate", "--open", "--initial-peers", sys.argv[2], "--model", "/nonexistent/model", "hi"]
+    assert swarm.cli.build_parser().parse_args(argv).run is swarm.cli.generate.run
+    assert swarm.cli.main(argv) == 2  # runs `swarm generate` up to the missing checkpoint
+    for module in pkgutil.walk_packages(swarm.__path__, "swarm."):
+        if not module.name.endswith("__main__"):  # __main__ runs the command line
+            importlib.import_module(module.name)
+    assert "peers" not in sys.modules
+    print("stands alone")
+    """
+)
+
+
+def test_swarm_imports_and_runs_generate_without_the_server_package() -> None:
+    optional = tuple(name for name in OPTIONAL_MODULES if importlib.util.find_spec(name.rpartition(".")[0]))
+    modules = ",".join(CLIENT_MODULES + optional)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, modules, ADDRESS],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and "stands alone" in result.stdout, result.stderr[-4000:]
+    assert "/nonexistent/model does not exist" in result.stderr
