@@ -34,6 +34,7 @@ bench: $(MODEL_READY)
 	$(PY) -m benchmarks.train
 	$(PY) -m benchmarks.load --model $(MODEL)
 	$(PY) -m benchmarks.serve --model $(MODEL)
+	$(PY) -m benchmarks.api --model $(MODEL)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
