@@ -117,7 +117,7 @@ class SpanSession:
             SwarmError subclasses mapped from the peer's gRPC status (swarm/errors.py).
         """
         timeout_s = self.step_timeout_s if timeout_s is None else timeout_s
-        wait = _Wait(timeout_s, timeout_s if patience_s is None else patience_s, self.responsive)
+        wait = _Wait(timeout_s, timeout_s if patience_s is None else patience_s, self.probe)
         first = self._next_response(wait)
         while first.step_id != step_id:  # a late answer to a step we had already given up on
             first = self._next_response(wait)
@@ -137,13 +137,19 @@ class SpanSession:
         self.send(hidden, position, step_id)
         return self.receive(step_id, hidden)[0]
 
-    def responsive(self) -> bool:
-        """Whether the peer answers a health probe at once: a frozen process (SIGSTOP, a paused VM) does not."""
-        try:
-            pb_grpc.PeerStub(self._channel).Health(pb.HealthRequest(), timeout=PROBE_TIMEOUT_S)
-        except grpc.RpcError:
-            return False
-        return True
+    def probe(self) -> Callable[[], bool]:
+        """Start a health call; the function returned tells (waiting for the call, at most PROBE_TIMEOUT_S) whether
+        the peer answered it. A frozen process (SIGSTOP, a paused VM) does not; a busy one does."""
+        call = pb_grpc.PeerStub(self._channel).Health.future(pb.HealthRequest(), timeout=PROBE_TIMEOUT_S)
+
+        def answered() -> bool:
+            try:
+                call.result()
+            except grpc.RpcError:
+                return False
+            return True
+
+        return answered
 
     def _next_response(self, wait: _Wait) -> pb.InferenceResponse:
         while True:
@@ -151,7 +157,7 @@ class SpanSession:
                 item = self._responses.get(timeout=wait.remaining_s())
                 break
             except queue.Empty:
-                if wait.extend():
+                if wait.go_on():
                     continue
                 self._call.cancel()
                 raise DeadlineExceeded(f"{self.hop.address}: no answer within {wait.waited_s():.2f} s") from None
@@ -168,22 +174,33 @@ class SpanSession:
 
 
 class _Wait:
-    """How long to wait for one answer: until `late_s`; then, if `alive()` (the peer answers a probe), until
-    `patience_s`. Measured from when the wait began, for the whole answer however the peer trickles it."""
+    """How long to wait for one answer: until `late_s`; then, if the peer answered a health probe, until
+    `patience_s`. The probe starts PROBE_TIMEOUT_S before the late point, so that a frozen peer costs no more than
+    `late_s`. Measured from when the wait began, for the whole answer however the peer trickles it."""
 
-    def __init__(self, late_s: float, patience_s: float, alive: Callable[[], bool]) -> None:
+    def __init__(self, late_s: float, patience_s: float, probe: Callable[[], Callable[[], bool]]) -> None:
         self.started = time.monotonic()
-        self.at, self.limit, self.alive = self.started + late_s, self.started + max(late_s, patience_s), alive
+        self.at, self.limit, self.probe = self.started + late_s, self.started + max(late_s, patience_s), probe
+        self.probe_at = self.at - PROBE_TIMEOUT_S if self.limit > self.at else self.at
+        self.answered: Callable[[], bool] | None = None
 
     def remaining_s(self) -> float:
-        return max(self.at - time.monotonic(), 0.0)
+        until = self.probe_at if self.answered is None and self.limit > self.at else self.at
+        return max(until - time.monotonic(), 0.0)
 
     def waited_s(self) -> float:
         return time.monotonic() - self.started
 
-    def extend(self) -> bool:
-        """Wait on until the limit, once, if the peer is alive; False when the time is up."""
-        if self.at >= self.limit or not self.alive():
+    def go_on(self) -> bool:
+        """Called when a wait ran out: True to wait on (the probe started, or the peer answered it: wait until the
+        limit, once); False when the answer is late."""
+        if self.limit <= self.at:
+            return False
+        if self.answered is None:
+            self.answered = self.probe()
+            if time.monotonic() < self.at:
+                return True
+        if not self.answered():
             return False
         self.at = self.limit
         return True
