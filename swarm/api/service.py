@@ -126,6 +126,21 @@ class OpenAIService:
         await slots.acquire()
         generation = Generation(served.model, served.tokenizer, ids, sampling)
         generation.start(self.executor).add_done_callback(lambda _: slots.release())
+        try:
+            return await self._answer(kind, served, request, ids, generation, echo)
+        except BaseException:  # an error, or the client went away (Serve cancels the handler): stop generating
+            generation.cancel()
+            raise
+
+    async def _answer(
+        self,
+        kind: str,
+        served: ServedModel,
+        request: protocol.SamplingRequest,
+        ids: list[int],
+        generation: Generation,
+        echo: bool,
+    ) -> dict[str, Any] | AsyncIterator[str]:
         events = generation.events()
         first = await anext(events)
         if isinstance(first, Failed):

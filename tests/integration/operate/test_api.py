@@ -178,12 +178,7 @@ def test_no_key_is_a_401_in_openai_shape(running_api: RunningApi) -> None:
 
 
 def test_a_client_that_goes_away_closes_its_session(client: openai.OpenAI, running_swarm: RunningSwarm) -> None:
-    registry = Registry([running_swarm.initial_peers], client_mode=True, credentials=SwarmCredentials.open())
-    try:
-        metrics = [peer.metrics_address for peer in registry.peers(MODEL)]
-    finally:
-        registry.shutdown()
-    assert len(metrics) == 2 and all(metrics)
+    metrics = _peer_metrics(running_swarm)
     stream = client.completions.create(model=MODEL, prompt="Tell a long story:", max_tokens=400, stream=True)
     started = time.monotonic()
     for _ in zip(range(3), stream, strict=False):
@@ -192,6 +187,28 @@ def test_a_client_that_goes_away_closes_its_session(client: openai.OpenAI, runni
     stream.close()
     poll_until(lambda: _open_sessions(metrics) == 0, 20, lambda: f"{_open_sessions(metrics)} sessions still open")
     assert time.monotonic() - started < 30  # well before 400 tokens (~0.1 s each here) would have been generated
+
+
+def test_a_client_that_times_out_waiting_for_a_whole_answer_closes_its_session(
+    running_api: RunningApi, running_swarm: RunningSwarm
+) -> None:
+    metrics = _peer_metrics(running_swarm)
+    impatient = openai.OpenAI(base_url=f"{running_api.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=4)
+    started = time.monotonic()
+    with pytest.raises(openai.APITimeoutError):
+        impatient.completions.create(model=MODEL, prompt="Tell a long story:", max_tokens=400)
+    poll_until(lambda: _open_sessions(metrics) == 0, 20, lambda: f"{_open_sessions(metrics)} sessions still open")
+    assert time.monotonic() - started < 30
+
+
+def _peer_metrics(running_swarm: RunningSwarm) -> list[str]:
+    registry = Registry([running_swarm.initial_peers], client_mode=True, credentials=SwarmCredentials.open())
+    try:
+        metrics = [peer.metrics_address for peer in registry.peers(MODEL)]
+    finally:
+        registry.shutdown()
+    assert len(metrics) == 2 and all(metrics)
+    return metrics
 
 
 def _open_sessions(metrics: list[str]) -> int:
