@@ -1,4 +1,5 @@
-"""Inference sessions over the swarm: one bidirectional gRPC stream per hop, each holding that span's KV cache.
+"""Inference sessions over the swarm: one bidirectional gRPC stream per hop (span_session.py), each holding that
+span's KV cache.
 
 An InferenceSession keeps, per hop, every input it sent. When a peer dies, drains, hangs past the step deadline
 or answers with an error, only that hop's span is rerouted: the replacement peers get the inputs replayed so
@@ -8,26 +9,21 @@ they rebuild the KV cache, and the step goes on. Greedy generation then yields t
 from __future__ import annotations
 
 import logging
-import queue
 import random
-import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import grpc
 import torch
 
 from swarm._proto import swarm_pb2 as pb
-from swarm._proto import swarm_pb2_grpc as pb_grpc
-from swarm.client.checks import checked_output, tolerance
+from swarm.client.checks import tolerance
 from swarm.client.metrics import ClientMetrics
 from swarm.client.pace import HopPace
+from swarm.client.span_session import SpanSession
 from swarm.client.verify import Verifier, VerifyPolicy
-from swarm.codec import CodecId, encode, join, split
+from swarm.codec import CodecId
 from swarm.errors import (
-    DeadlineExceeded,
     InvalidOutput,
     InvalidRequest,
     MissingBlocks,
@@ -36,7 +32,6 @@ from swarm.errors import (
     SessionLost,
     SwarmError,
     WrongSpan,
-    error_for,
 )
 from swarm.router import Router
 from swarm.security import SwarmCredentials
@@ -44,166 +39,8 @@ from swarm.types import Hop, PeerInfo, Route, Span
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 4 << 20  # what the client sends in one message; bigger tensors go in chunks
-MAX_RECEIVE_BYTES = 64 << 20  # accept whatever a peer configured above the default sends
-MIN_CHUNK_BYTES = 1024  # a peer chunks answers at its message limit, never this small
 REPLAY_TOKENS = 1024  # batch x tokens per replay step: well under a peer's default max_request_tokens (8192)
 OVERLOADED_PAUSE_S = 2.0
-PROBE_TIMEOUT_S = 0.4  # a late peer that answers a health probe this fast is busy, not frozen
-_CLOSED = object()
-
-
-class SpanSession:
-    """One peer, one span, one KV cache. `send` a step, then `receive` the span's output for it; the output may
-    also come from a step the previous peer pushed here."""
-
-    def __init__(
-        self,
-        hop: Hop,
-        batch_size: int,
-        max_length: int,
-        codec: CodecId,
-        step_timeout_s: float,
-        credentials: SwarmCredentials,
-    ) -> None:
-        self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
-        self.session_id = uuid.uuid4().hex
-        options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
-        self._channel = credentials.channel(hop.address, options)
-        self._requests: queue.Queue[pb.InferenceRequest | None] = queue.Queue()
-        self._responses: queue.Queue[object] = queue.Queue()
-        opening = pb.InferenceOpen(
-            protocol_version=pb.PROTOCOL_VERSION_CURRENT,
-            session_id=self.session_id,
-            start_block=hop.span.start,
-            end_block=hop.span.end,
-            batch_size=batch_size,
-            max_length=max_length,
-            response_codec=pb.CodecChoice(codec=int(codec)),
-        )
-        self._requests.put(pb.InferenceRequest(open=opening))
-        self._call = pb_grpc.PeerStub(self._channel).Inference(iter(self._requests.get, None))
-        threading.Thread(target=self._read, name=f"session-{hop.address}", daemon=True).start()
-
-    @property
-    def target(self) -> pb.PushTarget:
-        return pb.PushTarget(address=self.hop.address, session_id=self.session_id)
-
-    def _read(self) -> None:
-        try:
-            for response in self._call:
-                self._responses.put(response)
-        except grpc.RpcError as error:
-            self._responses.put(error)
-        self._responses.put(_CLOSED)
-
-    def send(self, hidden: torch.Tensor, position: int, step_id: int, push_to: Sequence[pb.PushTarget] = ()) -> None:
-        """Send new tokens' hidden states [batch, new_tokens, hidden] at `position` as step `step_id`."""
-        for chunk in split(encode(hidden, self.codec), MAX_MESSAGE_BYTES):
-            step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=chunk, push_to=push_to)
-            self._requests.put(pb.InferenceRequest(step=step))
-
-    def receive(
-        self, step_id: int, like: torch.Tensor, timeout_s: float | None = None, patience_s: float | None = None
-    ) -> tuple[torch.Tensor, bool]:
-        """The output of step `step_id`, whose input was `like`, and whether the peer pushed it on to the next one.
-
-        An answer is late after `timeout_s` (default step_timeout_s). With `patience_s`, a late peer that still
-        answers a health probe is busy, not frozen: its answer is awaited until `patience_s` in all.
-
-        Raises:
-            DeadlineExceeded: no answer in time; the stream is cancelled.
-            InvalidOutput: the answer is not hidden states of the input's shape (swarm/client/checks.py).
-            SwarmError subclasses mapped from the peer's gRPC status (swarm/errors.py).
-        """
-        timeout_s = self.step_timeout_s if timeout_s is None else timeout_s
-        wait = _Wait(timeout_s, timeout_s if patience_s is None else patience_s, self.probe)
-        first = self._next_response(wait)
-        while first.step_id != step_id:  # a late answer to a step we had already given up on
-            first = self._next_response(wait)
-        expected = max(first.hidden_states.num_chunks, 1)
-        if expected > like.numel() * 4 // MIN_CHUNK_BYTES + 1:  # float32 without compression, chunks of >= 1 KiB
-            raise InvalidOutput("decode", f"{self.hop.address} announces {expected} chunks for {list(like.shape)}")
-        chunks = [first.hidden_states]
-        while len(chunks) < expected:
-            chunks.append(self._next_response(wait).hidden_states)
-        try:
-            whole = join(chunks)
-        except InvalidRequest as error:  # chunks that do not fit together: the peer's fault, not ours
-            raise InvalidOutput("decode", f"{self.hop.address}: {error}") from error
-        return checked_output(whole, like, self.hop.address), first.pushed
-
-    def step(self, hidden: torch.Tensor, position: int, step_id: int) -> torch.Tensor:
-        self.send(hidden, position, step_id)
-        return self.receive(step_id, hidden)[0]
-
-    def probe(self) -> Callable[[], bool]:
-        """Start a health call; the function returned tells (waiting for the call, at most PROBE_TIMEOUT_S) whether
-        the peer answered it. A frozen process (SIGSTOP, a paused VM) does not; a busy one does."""
-        call = pb_grpc.PeerStub(self._channel).Health.future(pb.HealthRequest(), timeout=PROBE_TIMEOUT_S)
-
-        def answered() -> bool:
-            try:
-                call.result()
-            except grpc.RpcError:
-                return False
-            return True
-
-        return answered
-
-    def _next_response(self, wait: _Wait) -> pb.InferenceResponse:
-        while True:
-            try:
-                item = self._responses.get(timeout=wait.remaining_s())
-                break
-            except queue.Empty:
-                if wait.go_on():
-                    continue
-                self._call.cancel()
-                raise DeadlineExceeded(f"{self.hop.address}: no answer within {wait.waited_s():.2f} s") from None
-        if isinstance(item, grpc.RpcError):
-            raise error_for(item.code(), f"{self.hop.address}: {item.details()}")
-        if item is _CLOSED:
-            raise PeerUnavailable(f"{self.hop.address}: the peer closed the session")
-        return item  # type: ignore[return-value]
-
-    def close(self) -> None:
-        self._requests.put(None)
-        self._call.cancel()
-        self._channel.close()
-
-
-class _Wait:
-    """How long to wait for one answer: until `late_s`; then, if the peer answered a health probe, until
-    `patience_s`. The probe starts PROBE_TIMEOUT_S before the late point, so that a frozen peer costs no more than
-    `late_s`. Measured from when the wait began, for the whole answer however the peer trickles it."""
-
-    def __init__(self, late_s: float, patience_s: float, probe: Callable[[], Callable[[], bool]]) -> None:
-        self.started = time.monotonic()
-        self.at, self.limit, self.probe = self.started + late_s, self.started + max(late_s, patience_s), probe
-        self.probe_at = self.at - PROBE_TIMEOUT_S if self.limit > self.at else self.at
-        self.answered: Callable[[], bool] | None = None
-
-    def remaining_s(self) -> float:
-        until = self.probe_at if self.answered is None and self.limit > self.at else self.at
-        return max(until - time.monotonic(), 0.0)
-
-    def waited_s(self) -> float:
-        return time.monotonic() - self.started
-
-    def go_on(self) -> bool:
-        """Called when a wait ran out: True to wait on (the probe started, or the peer answered it: wait until the
-        limit, once); False when the answer is late."""
-        if self.limit <= self.at:
-            return False
-        if self.answered is None:
-            self.answered = self.probe()
-            if time.monotonic() < self.at:
-                return True
-        if not self.answered():
-            return False
-        self.at = self.limit
-        return True
 
 
 class _ReplayFailed(Exception):

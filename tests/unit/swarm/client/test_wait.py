@@ -1,4 +1,4 @@
-"""When a session gives up on a hop's answer (session.py's _Wait): a late answer from a peer that answers a health
+"""When a session gives up on a hop's answer (span_session.py: _Wait): a late answer from a peer that answers a health
 probe is awaited up to the step timeout; one from a silent peer is given up at the late point, the probe having
 started before it."""
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from swarm.client.session import PROBE_TIMEOUT_S, _Wait
+from swarm.client.span_session import PROBE_TIMEOUT_S, _Wait
 
 LATE_S, PATIENCE_S = 0.6, 5.0
 
