@@ -185,8 +185,8 @@ def test_a_client_that_goes_away_closes_its_session(client: openai.OpenAI, runni
         pass
     assert _open_sessions(metrics) == 2  # one per hop, while the answer streams
     stream.close()
-    poll_until(lambda: _open_sessions(metrics) == 0, 20, lambda: f"{_open_sessions(metrics)} sessions still open")
-    assert time.monotonic() - started < 30  # well before 400 tokens (~0.1 s each here) would have been generated
+    poll_until(lambda: _open_sessions(metrics) == 0, 25, lambda: f"{_open_sessions(metrics)} sessions still open")
+    assert time.monotonic() - started < 35  # well before 400 tokens (~0.1 s each here) would have been generated
 
 
 def test_a_client_that_times_out_waiting_for_a_whole_answer_closes_its_session(
@@ -197,8 +197,8 @@ def test_a_client_that_times_out_waiting_for_a_whole_answer_closes_its_session(
     started = time.monotonic()
     with pytest.raises(openai.APITimeoutError):
         impatient.completions.create(model=MODEL, prompt="Tell a long story:", max_tokens=400)
-    poll_until(lambda: _open_sessions(metrics) == 0, 20, lambda: f"{_open_sessions(metrics)} sessions still open")
-    assert time.monotonic() - started < 30
+    poll_until(lambda: _open_sessions(metrics) == 0, 25, lambda: f"{_open_sessions(metrics)} sessions still open")
+    assert time.monotonic() - started < 35
 
 
 def _peer_metrics(running_swarm: RunningSwarm) -> list[str]:
