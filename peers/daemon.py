@@ -159,13 +159,15 @@ class PeerDaemon:
 
     def drain_started(self) -> Any:
         """Stop moving, announce OFFLINE at once (routers stop sending), then ask the actor to drain; returns its
-        ObjectRef. A move in progress finishes first."""
+        ObjectRef, or None if it never served (a start cut short: nothing to finish, and a drain would wait for the
+        blocks to load). A move in progress finishes first."""
         if self.rebalancer is not None:
             self.rebalancer.stop()
         with self._move_lock, self._lock:
             self.state = PeerState.OFFLINE
+            served = self.actor is not None and self.last_info is not None
         self.announcer.stop(PeerState.OFFLINE)
-        return self.actor.drain.remote()
+        return self.actor.drain.remote() if served else None
 
     def _choose_span(self) -> Span:
         if self.config.blocks is not None:
@@ -204,7 +206,9 @@ def drain(daemons: list[PeerDaemon], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     finished = True
     for daemon, ref in pending:
-        finished &= _finish_draining(daemon.peer_id, ref, max(deadline - time.monotonic(), 0.1))
+        if ref is not None:
+            finished &= _finish_draining(daemon.peer_id, ref, max(deadline - time.monotonic(), 0.1))
     for daemon, _ in pending:
-        _kill(daemon.actor)
+        if daemon.actor is not None:
+            _kill(daemon.actor)
     return finished

@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
+
+from swarm.ray_reaper import TAG_VARIABLE, start_reaper
 
 
 def connect_ray(address: str | None) -> None:
-    """Attach to the Ray cluster at `address`, or start a local one that listens on 127.0.0.1 only."""
+    """Attach to the Ray cluster at `address`, or start a local one that listens on 127.0.0.1 only and whose
+    processes die with this one (swarm/ray_reaper.py). Either way the process keeps its SIGINT and SIGTERM handlers.
+    """
     if address is None:
         # Read by Ray at import: without it a local Ray binds the machine's external address (DESIGN.md).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -19,7 +27,40 @@ def connect_ray(address: str | None) -> None:
     if ray.is_initialized():
         return
     common = {"logging_level": logging.WARNING, "log_to_driver": False}
-    if address is None:
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, **common)
-    else:
-        ray.init(address=address, **common)
+    with _signals_held():
+        if address is not None:
+            ray.init(address=address, **common)
+            return
+        os.environ[TAG_VARIABLE] = start_reaper()  # inherited by Ray's processes, and by theirs
+        try:
+            ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, **common)
+        finally:
+            del os.environ[TAG_VARIABLE]  # what this process starts later (the DHT node) dies with it on its own
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ray's start keeps the caller's SIGINT and SIGTERM handlers, and no Ctrl-C lands in its C++ code.
+
+    A Ctrl-C that interrupts a system call there can hang ray.init for good (measured: a GlobalStateAccessor whose
+    connect was cut short deadlocks in its destructor). So SIGINT is blocked in this thread, and in the threads Ray
+    starts meanwhile (they inherit the mask); a thread of ours that only waits takes it instead, and Python runs the
+    handler in this thread as soon as it runs Python code again. ray.init also replaces the SIGTERM handler twice,
+    with its own (stop Ray, exit 1), then with a C++ one that prints a stack dump and aborts: the caller's (a `swarm`
+    command's) are put back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread handles signals, and sets handlers
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    done = threading.Event()
+    threading.Thread(target=done.wait, name="sigint-catcher", daemon=True).start()  # before the mask: it takes it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        done.set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from swarm.cli import api, convert, demo, generate, keys, monitor, peer, prometheus_targets, status, train, up
@@ -39,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A user's mistake (a SwarmError: bad argument, unreachable swarm, missing blocks) prints one
-    line and exits 2; Ctrl-C exits 130; only an internal error prints a traceback (or any error, with --debug)."""
+    line and exits 2; Ctrl-C exits 130 (SIGTERM 143 where a command stops on it and cannot drain: _daemon.py); only
+    an internal error prints a traceback (or any error, with --debug)."""
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=ns.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -49,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{_command_name(ns)}: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{_command_name(ns)}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        signum = getattr(interrupt, "signum", signal.SIGINT)
+        by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+        print(f"{_command_name(ns)}: interrupted{by}", file=sys.stderr)
+        return 128 + signum
 
 
 def _command_name(ns: argparse.Namespace) -> str:

@@ -1,21 +1,66 @@
-"""Shared by the long-running commands: wait for SIGTERM/SIGINT while watching that the work is alive."""
+"""Shared by the long-running commands: SIGINT (Ctrl-C) and SIGTERM, from before the command starts anything until
+it returns. Once it serves, the first one stops it in order (it drains, exits 0); while it starts, or a second time,
+one interrupts it where it is (it cleans up what it started and exits 128 + the signal's number, in `main`)."""
 
 from __future__ import annotations
 
+import atexit
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType, TracebackType
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def wait_for_stop_signal(alive: Callable[[], bool], period_s: float = 5.0) -> bool:
-    """Block until SIGTERM or SIGINT (True) or until `alive()` returns False (False)."""
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while not stop.wait(period_s):
-            if not alive():
-                return False
-        return True
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+class Interrupted(KeyboardInterrupt):
+    """A stop signal that came while there was nothing to drain."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """`with StopSignals() as signals:` around the whole command, then `signals.wait(alive)` while it serves.
+
+    The handlers survive Ray's start (swarm/ray_cluster.py connect_ray keeps them)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._waiting = False
+        self._raised: int | None = None  # the signal whose Interrupted was raised
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        # Registered last, so run first at exit: Ray's shutdown then takes about a second, and a Ctrl-C meanwhile
+        # would only print a traceback.
+        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted) and self._raised is not None:
+            raise Interrupted(self._raised) from None  # ray.get turns what a handler raises into a KeyboardInterrupt
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._waiting and not self._stop.is_set():
+            self._stop.set()
+            return
+        self._raised = signum
+        raise Interrupted(signum)
+
+    def wait(self, alive: Callable[[], bool], period_s: float = 5.0) -> bool:
+        """Block until a stop signal (True) or until `alive()` returns False (False)."""
+        self._waiting = True
+        try:
+            while not self._stop.wait(period_s):
+                if not alive():
+                    return False
+            return True
+        finally:
+            self._waiting = False

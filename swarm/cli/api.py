@@ -13,7 +13,7 @@ from pathlib import Path
 
 from swarm.cli._arguments import add_initial_peers_flag, at_least, check_checkpoint_dir, free_port, port
 from swarm.cli._credentials import add_credential_flags
-from swarm.cli._daemon import wait_for_stop_signal
+from swarm.cli._daemon import StopSignals
 from swarm.cli.generate import DEFAULT_MODEL
 
 APPLICATION = "swarm-api"
@@ -64,10 +64,11 @@ def run(ns: argparse.Namespace) -> int:
 
         raise InvalidArgument("--api-keys", f"{ns.api_keys} is not a file")
     free_port(ns.host, ns.port, "--port")
-    return _serve(ns, models)
+    with StopSignals() as signals:
+        return _serve(ns, models, signals)
 
 
-def _serve(ns: argparse.Namespace, models: list[Path]) -> int:
+def _serve(ns: argparse.Namespace, models: list[Path], signals: StopSignals) -> int:
     from ray import serve
 
     from swarm.api.app import build
@@ -88,7 +89,7 @@ def _serve(ns: argparse.Namespace, models: list[Path]) -> int:
     try:
         serve.run(build(args), name=APPLICATION, route_prefix="/")
         print(f"OpenAI API at http://{ns.host}:{ns.port}/v1, chat page at http://{ns.host}:{ns.port}/", flush=True)
-        wait_for_stop_signal(lambda: serve.status().applications[APPLICATION].status != "DEPLOY_FAILED", 2.0)
+        signals.wait(lambda: serve.status().applications[APPLICATION].status != "DEPLOY_FAILED", 2.0)
     finally:
         if ns.ray_address is None:
             serve.shutdown()

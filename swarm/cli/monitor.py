@@ -11,7 +11,7 @@ import argparse
 
 from swarm.cli._arguments import add_initial_peers_flag, free_port, port, positive
 from swarm.cli._credentials import add_credential_flags
-from swarm.cli._daemon import wait_for_stop_signal
+from swarm.cli._daemon import StopSignals
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +28,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    with StopSignals() as signals:
+        return _serve(ns, signals)
+
+
+def _serve(ns: argparse.Namespace, signals: StopSignals) -> int:
     from swarm.monitoring import MonitorServer, SnapshotPoller
     from swarm.registry import Registry
     from swarm.security import SwarmCredentials
@@ -41,7 +46,7 @@ def run(ns: argparse.Namespace) -> int:
         server.start()
         print(f"swarm map at http://{server.address}/", flush=True)
         try:
-            wait_for_stop_signal(lambda: True, period_s=1.0)
+            signals.wait(lambda: True, period_s=1.0)
         finally:
             server.close()
             poller.close()

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarm.cli._arguments import (
     at_least,
@@ -26,9 +27,12 @@ from swarm.cli._arguments import (
     positive,
 )
 from swarm.cli._credentials import add_credential_flags
-from swarm.cli._daemon import wait_for_stop_signal
+from swarm.cli._daemon import StopSignals
 from swarm.errors import InvalidArgument
 from swarm.progress import waiting
+
+if TYPE_CHECKING:  # imported when the command runs: `swarm --help` does not load torch
+    from peers.config import PeerConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -180,36 +184,49 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_join(ns: argparse.Namespace) -> int:
+    """Serve until SIGTERM or Ctrl-C, then drain and exit 0 (1 if the stage actor died for good); either signal
+    while starting stops at once, exit 143 or 130."""
     from peers.config import PeerConfig
+
+    config = PeerConfig.from_args(ns)
+    check_before_start(ns)
+    with StopSignals() as signals:
+        return _join(config, ns.ray_address, signals)
+
+
+def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals) -> int:
     from peers.daemon import PeerDaemon, drain
     from peers.launch import published_initial_peers
     from swarm.ray_cluster import connect_ray
     from swarm.registry import Registry
 
-    config = PeerConfig.from_args(ns)
-    check_before_start(ns)
-    connect_ray(ns.ray_address)
-    if ns.ray_address and not config.initial_peers:
+    connect_ray(ray_address)
+    if ray_address and not config.initial_peers:
         config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
     registry = Registry(config.initial_peers, host=config.host, credentials=config.server.credentials)
     try:
         daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
-        daemon.launch()
-        with waiting(f"stage actor loading blocks {daemon.span} of {config.name}"):
-            info = daemon.wait_serving()
-        start, end = info["span"]
-        print(
-            f"peer {info['peer_id']} serving blocks [{start}, {end}) of {config.name} at {info['address']}", flush=True
-        )
-        print(f"metrics at http://{info['metrics_address']}/metrics; stage actor pid {info['pid']}", flush=True)
-        if not wait_for_stop_signal(daemon.alive):
+        try:
+            daemon.launch()
+            with waiting(f"stage actor loading blocks {daemon.span} of {config.name}"):
+                info = daemon.wait_serving()
+            _print_serving(info, config.name)
+            stopped = signals.wait(daemon.alive)
+        finally:
+            finished = drain([daemon], timeout_s=config.drain_grace_s + 30)  # a start cut short: nothing to drain
+        if not stopped:
             print("the stage actor died and Ray gave up restarting it", file=sys.stderr)
             return 1
-        finished = drain([daemon], timeout_s=config.drain_grace_s + 30)
         print(f"peer {info['peer_id']} drained ({'all work finished' if finished else 'grace period ran out'})")
         return 0
     finally:
         registry.shutdown()
+
+
+def _print_serving(info: dict, name: str) -> None:
+    start, end = info["span"]
+    print(f"peer {info['peer_id']} serving blocks [{start}, {end}) of {name} at {info['address']}", flush=True)
+    print(f"metrics at http://{info['metrics_address']}/metrics; stage actor pid {info['pid']}", flush=True)
 
 
 def check_before_start(ns: argparse.Namespace) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from swarm.cli._arguments import add_initial_peers_flag, port, positive
 from swarm.cli._credentials import add_credential_flags
-from swarm.cli._daemon import wait_for_stop_signal
+from swarm.cli._daemon import StopSignals
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,6 +34,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    with StopSignals() as signals:
+        return _serve(ns, signals)
+
+
+def _serve(ns: argparse.Namespace, signals: StopSignals) -> int:
     from prometheus_client import start_http_server
 
     from swarm.monitoring import (
@@ -69,7 +74,7 @@ def run(ns: argparse.Namespace) -> int:
             return 0
         poller = SnapshotPoller(registry, ns.model, ns.interval, publish)
         try:
-            wait_for_stop_signal(lambda: True, period_s=1.0)
+            signals.wait(lambda: True, period_s=1.0)
         finally:
             poller.close()
         return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from swarm.cli._arguments import at_least, free_port, model_blocks, port, positive
 from swarm.cli._credentials import add_credential_flags
-from swarm.cli._daemon import wait_for_stop_signal
+from swarm.cli._daemon import StopSignals
 from swarm.errors import InvalidArgument
 from swarm.progress import waiting
 
@@ -43,6 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    """Serve until Ctrl-C or SIGTERM, then drain and exit 0 (1 if a stage actor died for good); either signal while
+    starting stops at once, exit 130 or 143."""
     from peers.local_swarm import LocalSwarm
     from swarm.security import SwarmCredentials
 
@@ -53,28 +55,33 @@ def run(ns: argparse.Namespace) -> int:
             "--peers", f"{ns.peers} peers cannot split the model's {blocks} blocks (at most {blocks})"
         )
     free_port(ns.host, ns.dht_port, "--dht-port")
-    swarm = LocalSwarm(
-        ns.model,
-        ns.peers,
-        credentials,
-        ttl_s=ns.ttl,
-        cache_tokens=ns.cache_tokens,
-        dht_port=ns.dht_port,
-        ray_address=ns.ray_address,
-        host=ns.host,
-    )
-    try:
-        with waiting(f"{ns.peers} stage actor(s) loading their blocks", enabled=ns.peers > 0):
-            infos = swarm.start()
-        for info in infos:
-            start, end = info["span"]
-            print(f"peer {info['peer_id']} blocks [{start}, {end}) at {info['address']}", flush=True)
-        print(f"ray address: {swarm.ray_address}", flush=True)
-        print(f"initial peers: {swarm.initial_peers[0]}", flush=True)
-        flag = "--open" if credentials.is_open else "--credentials DIR"
-        print(f"try: swarm status --initial-peers {swarm.initial_peers[0]} {flag}", flush=True)
-        stopped = wait_for_stop_signal(swarm.alive)
-    finally:
-        finished = swarm.stop()
+    with StopSignals() as signals:
+        swarm = LocalSwarm(
+            ns.model,
+            ns.peers,
+            credentials,
+            ttl_s=ns.ttl,
+            cache_tokens=ns.cache_tokens,
+            dht_port=ns.dht_port,
+            ray_address=ns.ray_address,
+            host=ns.host,
+        )
+        try:
+            with waiting(f"{ns.peers} stage actor(s) loading their blocks", enabled=ns.peers > 0):
+                infos = swarm.start()
+            flag = "--open" if credentials.is_open else "--credentials DIR"
+            _print_started(infos, swarm.ray_address, swarm.initial_peers[0], flag)
+            stopped = signals.wait(swarm.alive)
+        finally:
+            finished = swarm.stop()  # drains what serves; a start cut short has nothing to drain
     print(f"swarm stopped ({'all work finished' if finished else 'some work was cut off'})", flush=True)
     return 0 if stopped else 1
+
+
+def _print_started(infos: list[dict], ray_address: str, initial_peer: str, flag: str) -> None:
+    for info in infos:
+        start, end = info["span"]
+        print(f"peer {info['peer_id']} blocks [{start}, {end}) at {info['address']}", flush=True)
+    print(f"ray address: {ray_address}", flush=True)
+    print(f"initial peers: {initial_peer}", flush=True)
+    print(f"try: swarm status --initial-peers {initial_peer} {flag}", flush=True)

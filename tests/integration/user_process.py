@@ -29,6 +29,7 @@ class UserRun:
     stdout: str
     stderr: str
     exit_lag_s: float  # from the last line the process wrote (or the signal it got) to its exit
+    signal_lag_s: float | None  # from the last signal it got to its exit
     survivors: list[str] = field(default_factory=list)  # "pid name" of processes it left behind
 
 
@@ -47,6 +48,7 @@ class UserProcess:
             start_new_session=True,
         )
         self.last_output = time.monotonic()
+        self.signalled: float | None = None
         self._out: list[str] = []
         self._err: list[str] = []
         self._readers = [
@@ -68,10 +70,23 @@ class UserProcess:
                 raise AssertionError(f"{text!r} never came; stderr:\n{''.join(self._err)[-3000:]}")
             time.sleep(0.05)
 
+    def wait_for_process(self, name: str, timeout_s: float) -> None:
+        """Until a process of this run is named `name` (e.g. ray::StagePeer, once Ray runs the stage actor)."""
+        deadline = time.monotonic() + timeout_s
+        while not any(f" {name}" in survivor for survivor in self.survivors()):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise AssertionError(f"no process {name!r}; stderr:\n{''.join(self._err)[-3000:]}")
+            time.sleep(0.2)
+
     def interrupt(self) -> None:
         """Ctrl-C: SIGINT to the process group, as a terminal sends it."""
-        self.last_output = time.monotonic()
+        self.last_output = self.signalled = time.monotonic()
         os.killpg(self.process.pid, signal.SIGINT)
+
+    def kill(self) -> None:
+        """SIGKILL to the command alone (the OOM killer's way), not to what it started."""
+        self.last_output = self.signalled = time.monotonic()
+        self.process.kill()
 
     def finish(self, timeout_s: float, children_grace_s: float = 5.0) -> UserRun:
         """Wait for the exit, then up to `children_grace_s` for whatever it started to go too; kill what is left
@@ -89,7 +104,8 @@ class UserProcess:
             time.sleep(0.1)
         self._kill_all()
         lag = exited - min(self.last_output, exited)
-        return UserRun(returncode, "".join(self._out), "".join(self._err), lag, survivors)
+        signal_lag = None if self.signalled is None else exited - self.signalled
+        return UserRun(returncode, "".join(self._out), "".join(self._err), lag, signal_lag, survivors)
 
     def survivors(self) -> list[str]:
         """Live or defunct processes of this run: in its session, or carrying its tag."""

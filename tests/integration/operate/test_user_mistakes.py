@@ -166,3 +166,57 @@ def test_ctrl_c_on_generate_exits_at_once_and_leaves_nothing(running_swarm: Runn
     assert run.returncode == 130 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert run.exit_lag_s <= INTERRUPT_LAG_S, f"exited {run.exit_lag_s:.1f} s after Ctrl-C"
     assert not run.survivors, run.survivors
+
+
+STACK_DUMP_MARKS = ("Traceback", "*** SIG", "PC: @", "Exception ignored")  # Python's, and Ray's C++ (absl) dumps
+RAY_LINGER_S = 10.0  # what `swarm up` started is gone this soon after it is SIGKILLed (Ray's own agents: 62 s)
+
+
+def assert_no_dump(stderr: str) -> None:
+    assert not any(mark in stderr for mark in STACK_DUMP_MARKS), stderr[-3000:]
+
+
+@pytest.mark.parametrize("command", ["up", "peer join"])
+def test_ctrl_c_while_a_daemon_starts_stops_it_at_once(
+    running_swarm: RunningSwarm, smollm2_path: Path, command: str
+) -> None:
+    if command == "up":
+        args = ["up", "--open", "--peers", "1"]
+    else:  # a Ray of its own, joining the shared swarm
+        args = ["peer", "join", "--open", "--initial-peers", running_swarm.initial_peers, "--num-blocks", "2"]
+    process = UserProcess(["-m", "swarm", *args, "--model", str(smollm2_path)])
+    process.wait_for_process("ray::StagePeer", timeout_s=120)  # Ray runs, the stage actor loads its blocks
+    process.interrupt()
+    run = process.finish(60)
+    assert run.returncode == 130, run.stderr[-3000:]
+    assert run.stderr.splitlines() == [f"swarm {command}: interrupted"], run.stderr[-3000:]
+    assert run.signal_lag_s is not None and run.signal_lag_s <= INTERRUPT_LAG_S, f"exited {run.signal_lag_s} s after"
+    assert not run.survivors, run.survivors
+
+
+@pytest.mark.parametrize("ending", ["ctrl-c", "sigkill"])
+def test_swarm_up_leaves_nothing_running_however_it_ends(smollm2_path: Path, ending: str) -> None:
+    """Ctrl-C once it serves drains it (exit 0, as SIGTERM does); SIGKILL takes Ray's processes along."""
+    process = UserProcess(["-m", "swarm", "up", "--open", "--peers", "0", "--model", str(smollm2_path)])
+    process.wait_for_output("initial peers", timeout_s=120)
+    if ending == "ctrl-c":
+        process.interrupt()
+        run = process.finish(60)
+        assert run.returncode == 0 and "swarm stopped (all work finished)" in run.stdout, run.stderr[-3000:]
+        assert_no_dump(run.stderr)
+        assert run.signal_lag_s is not None and run.signal_lag_s <= INTERRUPT_LAG_S, run.signal_lag_s
+    else:
+        process.kill()
+        run = process.finish(10, children_grace_s=RAY_LINGER_S)
+    assert not run.survivors, run.survivors
+
+
+def test_ctrl_c_on_monitor_stops_it_at_once(running_swarm: RunningSwarm) -> None:
+    process = UserProcess(["-m", "swarm", "monitor", "--open", "--initial-peers", running_swarm.initial_peers])
+    process.wait_for_output("swarm map at", timeout_s=60)
+    process.interrupt()
+    run = process.finish(30)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_no_dump(run.stderr)
+    assert run.signal_lag_s is not None and run.signal_lag_s <= INTERRUPT_LAG_S, run.signal_lag_s
+    assert not run.survivors, run.survivors

@@ -1,0 +1,63 @@
+"""swarm/ray_reaper.py without Ray: a stand-in driver starts a reaper, then a tagged process (as Ray's raylet is) with
+a child whose environment lacks the tag (as an agent's, overwritten by its process title), and an untagged bystander;
+SIGKILLed, the driver takes the first two with it and leaves the bystander."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+MODULE_DIR = Path(__file__).resolve().parents[3] / "swarm"
+REAPED_WITHIN_S = 3.0
+
+DRIVER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    sys.path.insert(0, sys.argv[1])  # the module alone: `swarm` would import more
+    from ray_reaper import TAG_VARIABLE, start_reaper
+
+    bystander = subprocess.Popen(["sleep", "60"])
+    os.environ[TAG_VARIABLE] = start_reaper()
+    ray_like = subprocess.Popen(
+        ["sh", "-c", f"env -u {TAG_VARIABLE} sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True
+    )
+    agent_like = int(ray_like.stdout.readline())
+    print(bystander.pid, ray_like.pid, agent_like, flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_sigkilled_driver_takes_its_tagged_processes_and_their_children_along() -> None:
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(MODULE_DIR)], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = [int(word) for word in driver.stdout.readline().split()]  # type: ignore[union-attr]
+        bystander, ray_like, agent_like = pids
+        time.sleep(1.5)  # the reaper looks at the process table once a second
+        driver.kill()
+        driver.wait(5)
+        deadline = time.monotonic() + REAPED_WITHIN_S
+        while (alive(ray_like) or alive(agent_like)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(ray_like) and not alive(agent_like), "the driver's Ray-like processes outlived it"
+        assert alive(bystander), "the reaper killed a process it did not own"
+    finally:
+        driver.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
