@@ -27,6 +27,11 @@ class StageCollector(Collector):
             "swarm_averaging_rounds": ("Steps averaged with other replicas", counters.averaging_rounds),
             "swarm_stage_compute_seconds": ("Seconds in forward and backward", counters.compute_seconds),
             "swarm_stage_averaging_seconds": ("Seconds in collaborative steps", counters.averaging_seconds),
+            "swarm_stage_backwards_dropped_late": (
+                "Backwards dropped because their caller stopped waiting",
+                counters.dropped_late,
+            ),
+            "swarm_stage_backwards_repeated": ("Backwards repeated under an applied request id", counters.repeated),
         }
         for name, (documentation, value) in families.items():
             family = CounterMetricFamily(name, documentation, labels=LABELS)

@@ -4,6 +4,10 @@ A single lock orders everything that touches the parameters: a forward never see
 gradients of one backward are handed to the optimizer before the next backward starts. The collaborative step
 (averaging with the other replicas, then the update) runs inside a backward call when the stage's target batch
 is reached; requests wait meanwhile, which is the time the benchmark reports as averaging.
+
+A backward is applied at most once. A trainer whose call timed out retries it on another replica, so a backward
+whose caller stopped waiting before its gradients were handed over is dropped (`still_wanted`), and one repeated
+under the same request id (a retry to the same replica) gets the first answer again without being applied twice.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +26,13 @@ from typing import Any
 import torch
 
 from peers.training.stage_model import StageModel
-from swarm.errors import InvalidRequest
+from swarm.errors import DeadlineExceeded, InvalidRequest
 from swarm.training.checkpoints import StageSnapshot
 
 logger = logging.getLogger(__name__)
+
+RECENT_ANSWERS = 256  # backward answers kept by request id: more than a replica's trainers have in flight
+BackwardAnswer = tuple["torch.Tensor | None", float, float]  # (grad_inputs, loss, compute seconds)
 
 
 @dataclass(slots=True)
@@ -35,6 +43,8 @@ class ReplicaCounters:
     averaging_rounds: int = 0  # steps whose gradients were averaged with other replicas
     last_loss: float = math.nan
     waiting: int = 0  # requests waiting for the lock
+    dropped_late: int = 0  # backwards whose caller had stopped waiting before they were applied
+    repeated: int = 0  # backwards that came again under a request id already applied, answered from memory
 
 
 class StageReplica:
@@ -45,6 +55,7 @@ class StageReplica:
         self.counters = ReplicaCounters()
         self.on_step_start: Callable[[int], None] | None = None  # called before this replica starts a step
         self._lock = threading.Lock()
+        self._answered: OrderedDict[str, BackwardAnswer] = OrderedDict()  # request id -> answer, newest last
 
     @property
     def step(self) -> int:
@@ -64,20 +75,44 @@ class StageReplica:
         return out.float().cpu(), elapsed
 
     def backward(
-        self, inputs: torch.Tensor, grad_outputs: torch.Tensor | None, labels: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, float, float]:
+        self,
+        inputs: torch.Tensor,
+        grad_outputs: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        request_id: str = "",
+        still_wanted: Callable[[], bool] = lambda: True,
+    ) -> BackwardAnswer:
         """Recompute the forward from `inputs`, accumulate parameter gradients, and take the stage's collaborative
         step if the target batch is reached. Returns (d loss / d inputs or None on the first stage, the loss or NaN
-        on stages that are not last, compute seconds)."""
+        on stages that are not last, compute seconds).
+
+        Raises:
+            DeadlineExceeded: `still_wanted()` was False once the gradients were computed; nothing was applied.
+        """
         if not self.model.is_last and grad_outputs is None:
             raise InvalidRequest("grad_outputs is required on a stage that is not last")
         with self._locked():
+            if request_id in self._answered:
+                self.counters.repeated += 1
+                return self._answered[request_id]
             started = time.perf_counter()
             grad_inputs, loss = self._gradients(inputs, grad_outputs, labels)
             elapsed = time.perf_counter() - started
             self.counters.compute_seconds += elapsed
+            if not still_wanted():
+                self.optimizer.zero_grad()
+                self.counters.dropped_late += 1
+                raise DeadlineExceeded("the caller stopped waiting before this backward was applied; dropped")
             self._collaborative_step(inputs.shape[0])
-        return grad_inputs, loss, elapsed
+            answer = (grad_inputs, loss, elapsed)
+            if request_id:
+                self._remember(request_id, answer)
+        return answer
+
+    def _remember(self, request_id: str, answer: BackwardAnswer) -> None:
+        self._answered[request_id] = answer
+        while len(self._answered) > RECENT_ANSWERS:
+            self._answered.popitem(last=False)
 
     def _gradients(
         self, inputs: torch.Tensor, grad_outputs: torch.Tensor | None, labels: torch.Tensor | None

@@ -20,6 +20,8 @@ from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, get_codec
 from swarm.errors import InvalidRequest
 
+COMMIT_MARGIN_S = 0.1  # a backward is applied only while its caller has at least this long left to get the answer
+
 
 @dataclass(frozen=True, slots=True)
 class StageIdentity:
@@ -54,7 +56,9 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
         grad_outputs = None
         if not self.replica.model.is_last:
             grad_outputs = self._decode(request.grad_outputs, "grad_outputs", float_only=True)
-        grad_inputs, loss, compute_s = self.replica.backward(inputs, grad_outputs, labels)
+        grad_inputs, loss, compute_s = self.replica.backward(
+            inputs, grad_outputs, labels, request.request_id, lambda: _still_waiting(context)
+        )
         response = pb.TrainResponse(step=self.replica.step, request_id=request.request_id, compute_seconds=compute_s)
         if grad_inputs is not None:
             response.grad_inputs.CopyFrom(self._encode(grad_inputs, choice))
@@ -114,3 +118,10 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
         msg = encode(tensor, CodecId(choice.codec), choice.block_size)
         self.metrics.tensor("out", tensor.numel() * tensor.element_size(), msg.ByteSize())
         return msg
+
+
+def _still_waiting(context: grpc.ServicerContext) -> bool:
+    """Whether the caller will still take the answer: applying a backward it gave up on (and retried on another
+    replica) would count its micro-batch twice."""
+    remaining = context.time_remaining()
+    return context.is_active() and (remaining is None or remaining > COMMIT_MARGIN_S)

@@ -45,8 +45,11 @@ class StageCalls:
         inputs: torch.Tensor,
         grad_outputs: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        request_id: str = "",
     ) -> StageAnswer:
+        """`request_id` names this backward across retries: a replica applies one id at most once."""
         request = self._request(inputs, grad_outputs, labels)
+        request.request_id = request_id
         return self._call(address, "Backward", request, "grad_inputs")
 
     def info(self, address: str, timeout_s: float = 5.0) -> pb.StageInfoResponse:

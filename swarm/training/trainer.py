@@ -16,6 +16,7 @@ import math
 import random
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -125,13 +126,17 @@ class Trainer:
         with self._lock:
             input_ids, labels = self.dataset.sample(self.config.micro_batch, self.generator)
         route = list(self._route(input_ids.numel()))
+        batch_id = uuid.uuid4().hex  # with the stage's position, names each backward across its retries
         inputs = [input_ids]
         for position in range(len(route) - 1):
             inputs.append(self._call(route, position, "forward", inputs[position]).tensor)
-        last = self._call(route, len(route) - 1, "backward", inputs[-1], labels=labels)
+        end = len(route) - 1
+        last = self._call(route, end, "backward", inputs[-1], labels=labels, request_id=f"{batch_id}:{end}")
         grad = last.tensor
-        for position in reversed(range(len(route) - 1)):
-            grad = self._call(route, position, "backward", inputs[position], grad_outputs=grad).tensor
+        for position in reversed(range(end)):
+            grad = self._call(
+                route, position, "backward", inputs[position], grad_outputs=grad, request_id=f"{batch_id}:{position}"
+            ).tensor
         with self._lock:
             self.progress.samples += input_ids.shape[0]
             self.progress.micro_batches += 1
