@@ -27,40 +27,29 @@ def port(text: str) -> int:
 
 def at_least(minimum: float, kind: Callable[[str], float] = int) -> Callable[[str], float]:
     """A number >= minimum."""
-
-    def parse(text: str) -> float:
-        value = _number(kind, text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum:g}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in "invalid <type> value" messages
-    return parse
+    return _bounded(kind, lambda value: value >= minimum, f">= {minimum:g}")
 
 
 def in_range(low: float, high: float, kind: Callable[[str], float] = int) -> Callable[[str], float]:
     """A number in [low, high]."""
-
-    def parse(text: str) -> float:
-        value = _number(kind, text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in [{low:g}, {high:g}], got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
+    return _bounded(kind, lambda value: low <= value <= high, f"in [{low:g}, {high:g}]")
 
 
 def positive(kind: Callable[[str], float] = float) -> Callable[[str], float]:
     """A number > 0."""
+    return _bounded(kind, lambda value: value > 0, "> 0")
+
+
+def _bounded(kind: Callable[[str], float], accepts: Callable[[float], bool], rule: str) -> Callable[[str], float]:
+    """An argparse type: a number of `kind` that `accepts`, else "must be <rule>, got <text>"."""
 
     def parse(text: str) -> float:
         value = _number(kind, text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
         return value
 
-    parse.__name__ = kind.__name__
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid <type> value" messages
     return parse
 
 

@@ -76,5 +76,5 @@ def test_a_backward_repeated_under_its_id_is_answered_again_and_applied_once(sta
 def _call_into(calls: StageCalls, address: str, input_ids, labels, outcome: list[BaseException]) -> None:
     try:
         calls.backward(address, input_ids, labels=labels, request_id="held:0")
-    except BaseException as error:  # noqa: BLE001 - handed to the test thread
+    except BaseException as error:  # handed to the test thread
         outcome.append(error)
