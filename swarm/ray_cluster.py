@@ -22,6 +22,8 @@ def connect_ray(address: str | None) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         # A plain local Ray would otherwise write ~/.ray/auth_token and break later Ray Client use.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        # Ray reports usage statistics to Anyscale by default; a swarm's operator opts in by setting it to 1.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     if ray.is_initialized():
