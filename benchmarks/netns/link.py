@@ -81,6 +81,7 @@ class WanLink:
         self.python_executable = sys.executable
         self.processes: list[subprocess.Popen] = []
         self.made: list[str] = []
+        self.relay: subprocess.Popen | None = None
 
     def namespace(self, host: str) -> str:
         return f"{self.run_id}-{host}"
@@ -123,10 +124,28 @@ class WanLink:
         self._add_namespace(self.router)
         for index, host in enumerate(self.hosts):
             self._add_host(index, host)
-        if self.rtt_ms > 0:
+        self.configure(self.rtt_ms, self.rate_mbit)
+
+    def configure(self, rtt_ms: float, rate_mbit: float | None) -> None:
+        """Change the links' RTT and rate in place: processes keep running and connections stay open (frames in
+        flight when the router is swapped are lost, and TCP resends them)."""
+        self._stop_router()
+        self.rtt_ms, self.rate_mbit = rtt_ms, rate_mbit
+        for index, host in enumerate(self.hosts):
+            for namespace, device in ((self.namespace(host), "eth0"), (self.router, f"p{index}")):
+                self._limit(namespace, device)
+        if rtt_ms > 0:
             self._start_relay()
         else:
             self._bridge()
+
+    def _stop_router(self) -> None:
+        if self.relay is not None:
+            os.killpg(self.relay.pid, signal.SIGKILL)
+            self.relay.wait(10)
+            self.processes.remove(self.relay)
+            self.relay = None
+        _ip("-n", self.router, "link", "del", "br0", check=False)
 
     def _add_namespace(self, name: str) -> None:
         _ip("netns", "add", name)
@@ -142,13 +161,14 @@ class WanLink:
         _ip("-n", name, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
         for namespace, device in ((name, "eth0"), (self.router, port)):
             _ip("-n", namespace, "link", "set", device, "up")
-            if self.rate_mbit:
-                self._limit(namespace, device)
-        if self.rtt_ms > 0:
-            ethtool = [sys.executable, "-m", "benchmarks.netns.ethtool", "eth0"]
-            subprocess.run(["ip", "netns", "exec", name, *ethtool], check=True, cwd=REPO_ROOT)
+        # Offloads off at every RTT (the relay needs it), so that the 0 ms control runs on the same links.
+        ethtool = [self.python_executable, "-m", "benchmarks.netns.ethtool", "eth0"]
+        subprocess.run(["ip", "netns", "exec", name, *ethtool], check=True, cwd=REPO_ROOT)
 
     def _limit(self, namespace: str, device: str) -> None:
+        subprocess.run(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"], capture_output=True)
+        if not self.rate_mbit:
+            return
         rate_bytes = self.rate_mbit * 1e6 / 8
         burst = max(16_000, int(rate_bytes / 250))  # 4 ms worth, at least a few full frames
         tbf = ["tbf", "rate", f"{self.rate_mbit}mbit", "burst", str(burst), "latency", "100ms"]
@@ -169,6 +189,7 @@ class WanLink:
             cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         self.processes.append(relay)
+        self.relay = relay
         if relay.stdout.readline().strip() != "relay ready":  # type: ignore[union-attr]
             raise RuntimeError(f"the relay did not start (exit {relay.poll()})")
 
@@ -187,4 +208,4 @@ class WanLink:
                 process.wait(10)
         for name in reversed(self.made):
             _ip("netns", "del", name, check=False)
-        self.processes, self.made = [], []
+        self.processes, self.made, self.relay = [], [], None
