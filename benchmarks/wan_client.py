@@ -4,8 +4,8 @@ timing every token as it arrives. Started by `python -m benchmarks.wan` and by t
     ip netns exec NS python -m benchmarks.wan_client --model .cache/models/smollm2-135m --initial-peers ADDR \
         --prompt-ids 504,3458,5951 --max-new-tokens 64 --codec NONE --dht-host 10.77.0.10
 
-Prints "token INDEX ID" as each token comes (so that a test can act mid-generation), then one JSON line:
-{"tokens", "ttft_ms", "step_ms", "tokens_per_s", "route"}.
+Prints "route HOST:PORT,..." with the first token and "token INDEX ID" as each token comes (so that a test can act
+mid-generation), then one JSON line: {"tokens", "ttft_ms", "step_ms", "tokens_per_s", "route"} (route: the last).
 """
 
 from __future__ import annotations
@@ -19,20 +19,29 @@ from pathlib import Path
 import torch
 
 from swarm import CodecId, DistributedModelForCausalLM
+from swarm.client.model import ModelSession
 from swarm.codec import DEFAULT_CODEC
 from swarm.security import SwarmCredentials
 
 
-class TokenClock:
-    """A generate() streamer that stamps each new token (the prompt, if put first, is skipped)."""
+def route_line(session: ModelSession) -> str:
+    """ "route HOST:PORT,HOST:PORT" of the session's current hops, in order."""
+    return "route " + ",".join(hop.address for hop in session.session.route)
 
-    def __init__(self, start: float) -> None:
-        self.start, self.stamps, self.tokens = start, [], []
+
+class TokenClock:
+    """A generate() streamer that stamps each new token (the prompt, if put first, is skipped) and prints it; the
+    route is printed with the first token."""
+
+    def __init__(self, start: float, session: ModelSession) -> None:
+        self.start, self.session, self.stamps, self.tokens = start, session, [], []
 
     def put(self, value: torch.Tensor) -> None:
         if value.dim() == 1 and value.shape[0] == 1:
             self.stamps.append(time.perf_counter())
             self.tokens.append(int(value[0]))
+            if len(self.tokens) == 1:
+                print(route_line(self.session), flush=True)
             print(f"token {len(self.tokens) - 1} {self.tokens[-1]}", flush=True)
 
     def end(self) -> None:
@@ -56,12 +65,16 @@ def generate(ns: argparse.Namespace) -> dict:
         ns.model, ns.initial_peers, codec=CodecId[ns.codec], dht_host=ns.dht_host, credentials=SwarmCredentials.open()
     )
     try:
-        with model.inference_session(max_length=prompt.shape[1] + ns.max_new_tokens) as session:
-            if ns.warmup:  # routes, channels and the peers' first-call costs, outside the measured generation
-                model.generate(prompt, max_new_tokens=2, session=session)
-        clock = TokenClock(time.perf_counter())
-        model.generate(prompt, max_new_tokens=ns.max_new_tokens, streamer=clock)
-        return {**clock.summary(), "codec": ns.codec}
+        max_length = prompt.shape[1] + ns.max_new_tokens
+        if ns.warmup:  # routes, channels and the peers' first-call costs, outside the measured generation
+            with model.inference_session(max_length=max_length) as session:
+                model.generate(prompt, max_new_tokens=2, eos_token_id=[], session=session)
+        start = time.perf_counter()  # opening the session is part of the first token's time
+        with model.inference_session(max_length=max_length) as session:
+            clock = TokenClock(start, session)
+            model.generate(prompt, max_new_tokens=ns.max_new_tokens, eos_token_id=[], streamer=clock, session=session)
+            final_route = route_line(session).split()[1]
+        return {**clock.summary(), "codec": ns.codec, "route": final_route}
     finally:
         model.close()
 

@@ -37,6 +37,14 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
 
+def _kill_all(namespace: str) -> list[int]:
+    pids = [int(pid) for pid in _ip("netns", "pids", namespace, check=False).stdout.split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
 def namespaces(prefix: str = PREFIX) -> list[str]:
     """Network namespaces whose name starts with `prefix` (to find leftovers)."""
     listed = _ip("netns", "list", check=False).stdout.splitlines()
@@ -193,6 +201,10 @@ class WanLink:
         if relay.stdout.readline().strip() != "relay ready":  # type: ignore[union-attr]
             raise RuntimeError(f"the relay did not start (exit {relay.poll()})")
 
+    def kill_host(self, host: str) -> list[int]:
+        """SIGKILL every process in `host`'s namespace at once, as when a machine is lost; returns their PIDs."""
+        return _kill_all(self.namespace(host))
+
     def close(self) -> None:
         """Kill every process started here and every process left in the namespaces, then delete them."""
         atexit.unregister(self.close)
@@ -200,9 +212,7 @@ class WanLink:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
         for name in self.made:
-            for pid in _ip("netns", "pids", name, check=False).stdout.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            _kill_all(name)
         for process in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(10)
