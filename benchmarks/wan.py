@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -33,11 +34,14 @@ SETTINGS = {"0ms": (0.0, None), "20ms": (20.0, 1000.0), "100ms": (100.0, 100.0)}
 CODECS = ("NONE", DEFAULT_CODEC.name)
 
 
-def local_step(model_path: Path, input_ids: torch.Tensor, new_tokens: int) -> dict:
-    """Hugging Face generate in this process: its tokens, its first-token time and its median step."""
+def load_local(model_path: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+
+
+def local_step(model: torch.nn.Module, input_ids: torch.Tensor, new_tokens: int) -> dict:
+    """Hugging Face generate in this process: its tokens, its first-token time and its median step."""
     with torch.inference_mode():
         model.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up
         clock, started = TokenClock(), time.perf_counter()
@@ -64,17 +68,23 @@ def client_run(net: WanLink, swarm: WanSwarm, input_ids: torch.Tensor, new_token
     return json.loads(out.strip().splitlines()[-1])
 
 
-def measure_setting(net: WanLink, swarm: WanSwarm, ns: argparse.Namespace, input_ids: torch.Tensor) -> dict:
+def measure_setting(
+    net: WanLink, swarm: WanSwarm, local_model: torch.nn.Module, input_ids: torch.Tensor, new_tokens: int
+) -> dict:
+    """The RTT, the local step (just before, so under the same load from the rest of the machine) and each codec's
+    run through the swarm."""
     rtt = measure_rtt(net, "client", "peer0")
-    runs = {codec: client_run(net, swarm, input_ids, ns.new_tokens, codec) for codec in CODECS}
-    return {"rtt_ms_measured": rtt["echo_ms_median"], "runs": runs}
+    local = local_step(local_model, input_ids, new_tokens)
+    runs = {codec: client_run(net, swarm, input_ids, new_tokens, codec) for codec in CODECS}
+    return {"rtt_ms_measured": rtt["echo_ms_median"], "local": local, "runs": runs}
 
 
-def summarize(name: str, setting: dict, control: dict, local: dict) -> dict:
+def summarize(name: str, setting: dict, control: dict) -> dict:
     rtt_ms, rate = SETTINGS[name]
+    local = setting["local"]
     limit_tokens_per_s = 1000 / (1.5 * setting["rtt_ms_measured"] + local["step_ms"])
     out = {"rtt_ms": rtt_ms, "rate_mbit": rate, "rtt_ms_measured": round(setting["rtt_ms_measured"], 2)}
-    out["limit_tokens_per_s"] = round(limit_tokens_per_s, 2)
+    out |= {"local_step_ms": round(local["step_ms"], 1), "limit_tokens_per_s": round(limit_tokens_per_s, 2)}
     for codec, run in setting["runs"].items():
         link_ms = run["step_ms_median"] - control["runs"][codec]["step_ms_median"]
         out[codec] = {
@@ -82,6 +92,7 @@ def summarize(name: str, setting: dict, control: dict, local: dict) -> dict:
             "ttft_ms": round(run["ttft_ms"], 1),
             "step_ms_median": round(run["step_ms_median"], 1),
             "fraction_of_limit": round(run["tokens_per_s"] / limit_tokens_per_s, 3),
+            "swarm_ms_per_token": round(run["step_ms_median"] - local["step_ms"], 1),
             "link_ms_per_token": round(link_ms, 1),
             "link_rtts_per_token": round(link_ms / rtt_ms, 2) if rtt_ms else None,
             "same_tokens_as_local": run["tokens"] == local["tokens"],
@@ -93,31 +104,26 @@ def run_benchmark(ns: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
     input_ids = AutoTokenizer.from_pretrained(str(ns.model))(PROMPT, return_tensors="pt").input_ids[:, :16]
-    measured = {}
+    local_model, measured = load_local(ns.model), {}
     with WanLink(HOSTS) as net:
         swarm = WanSwarm(net, ns.model)
         swarm.start_bootstrap("bootstrap")
         swarm.start_peer("peer0", "0:15")
         swarm.start_peer("peer1", "15:30")
         swarm.wait_serving()
-        local = local_step(ns.model, input_ids, ns.new_tokens)  # with the swarm idle beside it, as in the runs
         for name, (rtt_ms, rate) in SETTINGS.items():
             net.configure(rtt_ms, rate)
-            measured[name] = measure_setting(net, swarm, ns, input_ids)
-            print(
-                f"{name}: {json.dumps(measured[name]['runs'][DEFAULT_CODEC.name]['tokens_per_s'])} tok/s",
-                file=sys.stderr,
-            )
-    settings = {name: summarize(name, setting, measured["0ms"], local) for name, setting in measured.items()}
+            measured[name] = measure_setting(net, swarm, local_model, input_ids, ns.new_tokens)
+            print(f"{name}: {json.dumps(measured[name]['runs'])}", file=sys.stderr)
+    settings = {name: summarize(name, setting, measured["0ms"]) for name, setting in measured.items()}
     return {
         "benchmark": "wan",
         "new_tokens": ns.new_tokens,
         "default_codec": DEFAULT_CODEC.name,
         "fraction_of_limit_100ms": settings["100ms"][DEFAULT_CODEC.name]["fraction_of_limit"],
-        "local_step_ms": round(local["step_ms"], 1),
-        "local_ttft_ms": round(local["ttft_ms"], 1),
         "settings": settings,
         "torch_threads": torch.get_num_threads(),
+        "load_average_1m": round(os.getloadavg()[0], 2),  # this machine is shared: figures move with its load
     }
 
 
