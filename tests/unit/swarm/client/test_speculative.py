@@ -79,7 +79,8 @@ PROMPTS = torch.tensor([[5, 9, 17, 5, 9, 17, 5, 9], [1, 2, 3, 4, 1, 2, 3, 4], [3
 @pytest.mark.parametrize("repetition_penalty", [1.0, 1.3])
 def test_greedy_speculation_equals_plain_greedy(drafter: str, repetition_penalty: float) -> None:
     target = tiny_llama(40, seed=1)
-    draft = {"prompt_lookup": PromptLookup(), "self": DraftModel(target, 40), "other": DraftModel(tiny_llama(40, 2), 40)}
+    draft = {"prompt_lookup": PromptLookup(), "self": DraftModel(target, 40)}
+    draft["other"] = DraftModel(tiny_llama(40, 2), 40)
     params = GenerationParams(max_new_tokens=16, repetition_penalty=repetition_penalty, eos_token_ids=(3,))
     stats: list[tuple[int, int]] = []
     with torch.inference_mode():
@@ -141,8 +142,8 @@ def table(generator: torch.Generator, *shape: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("point_mass", [True, False])
 def test_verification_keeps_the_joint_distribution_of_two_tokens(point_mass: bool) -> None:
-    """p0, p1(.|t1), p2(.|t1,t2) are the target's; drafts come from q (or are fixed, a lookup's point mass: the likeliest tokens). Token 1
-    and token 2 (from the same step when draft 1 is kept, else from the next step's plain sample) must be
+    """p0, p1(.|t1), p2(.|t1,t2) are the target's; drafts come from q (or are fixed, a lookup's point mass: the likeliest
+    tokens). Token 1 and token 2 (from the same step when draft 1 is kept, else from the next step's plain sample) must be
     distributed as p0(t1) p1(t2|t1)."""
     vocab, rng = 6, torch.Generator().manual_seed(11)
     p0, p1, p2 = table(rng, vocab), table(rng, vocab, vocab), table(rng, vocab, vocab, vocab)
@@ -175,7 +176,7 @@ def test_sampled_speculation_matches_plain_sampling_with_processors(drafter: str
     target = tiny_llama(vocab, seed=3, sharpness=4.0)
     params = GenerationParams(max_new_tokens=2, do_sample=True, temperature=0.8, top_k=8, repetition_penalty=1.3)
     prompt = torch.tensor([[1, 4, 7, 1, 4]]).expand(SAMPLES, -1)
-    draft = PromptLookup() if drafter == "prompt_lookup" else DraftModel(tiny_llama(vocab, seed=4, sharpness=4.0), vocab)
+    draft = PromptLookup() if drafter == "prompt_lookup" else DraftModel(tiny_llama(vocab, 4, sharpness=4.0), vocab)
     with torch.inference_mode():
         out = speculative(target, prompt, params, draft, k=4, generator=torch.Generator().manual_seed(5))
         expected = exact_two_token_distribution(target, prompt[:1], params)
@@ -195,8 +196,13 @@ def exact_two_token_distribution(model, prompt: torch.Tensor, params: Generation
 
 @pytest.mark.parametrize(
     ("speculative", "k", "argument"),
-    [("medusa", 4, "speculative"), ("draft:", 4, "speculative"), ("prompt_lookup", 0, "num_speculative_tokens")]
-    + [("prompt_lookup", 33, "num_speculative_tokens"), ("prompt_lookup", 2.5, "num_speculative_tokens")],
+    [
+        ("medusa", 4, "speculative"),
+        ("draft:", 4, "speculative"),
+        ("prompt_lookup", 0, "num_speculative_tokens"),
+        ("prompt_lookup", 33, "num_speculative_tokens"),
+        ("prompt_lookup", 2.5, "num_speculative_tokens"),
+    ],
 )
 def test_bad_speculative_options_name_their_argument(speculative: str, k: object, argument: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
