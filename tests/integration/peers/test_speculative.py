@@ -88,7 +88,7 @@ def plain_greedy(model, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("drafter", ["prompt_lookup", "self", "tiny"])
 def test_greedy_speculation_equals_plain_greedy_over_20_prompts(
     model, plain_greedy, smollm2_path, tiny_draft, drafter: str
-) -> None::
+) -> None:
     kind = {"prompt_lookup": "prompt_lookup", "self": f"draft:{smollm2_path}", "tiny": f"draft:{tiny_draft}"}[drafter]
     batch, expected = plain_greedy
     before = model.speculation_stats()

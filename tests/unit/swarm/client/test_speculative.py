@@ -142,9 +142,9 @@ def table(generator: torch.Generator, *shape: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("point_mass", [True, False])
 def test_verification_keeps_the_joint_distribution_of_two_tokens(point_mass: bool) -> None:
-    """p0, p1(.|t1), p2(.|t1,t2) are the target's; drafts come from q (or are fixed, a lookup's point mass: the likeliest
-    tokens). Token 1 and token 2 (from the same step when draft 1 is kept, else from the next step's plain sample) must be
-    distributed as p0(t1) p1(t2|t1)."""
+    """p0, p1(.|t1), p2(.|t1,t2) are the target's; drafts come from q (or are fixed, a lookup's point mass: the
+    likeliest tokens). Token 1 and token 2 (from the same step when draft 1 is kept, else from the next step's plain
+    sample) must be distributed as p0(t1) p1(t2|t1)."""
     vocab, rng = 6, torch.Generator().manual_seed(11)
     p0, p1, p2 = table(rng, vocab), table(rng, vocab, vocab), table(rng, vocab, vocab, vocab)
     q0, q1 = 0.6 * p0 + 0.4 * table(rng, vocab), 0.6 * p1 + 0.4 * table(rng, vocab, vocab)  # a fair drafter
