@@ -216,4 +216,3 @@ def test_a_draft_path_that_is_no_checkpoint_is_named(tmp_path) -> None:
     with pytest.raises(InvalidArgument, match="not a checkpoint directory") as caught:
         DraftModels().check(f"draft:{tmp_path}")
     assert caught.value.argument == "speculative"
-
