@@ -110,6 +110,7 @@ def test_prompt_lookup_copies_what_followed_the_latest_match() -> None:
     assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 2) == [7, 8]
     assert lookup([4, 5, 6, 4, 5], 3) == [6, 4, 5]
     assert lookup([1, 2, 3], 3) == []
+    assert lookup([7, 1, 2, 9, 1], 2) == []  # a lone token's match is too weak a guess
 
 
 def test_the_draft_length_backs_off_on_rejections_and_probes() -> None:
