@@ -35,6 +35,7 @@ bench: $(MODEL_READY)
 	$(PY) -m benchmarks.load --model $(MODEL)
 	$(PY) -m benchmarks.serve --model $(MODEL)
 	$(PY) -m benchmarks.api --model $(MODEL)
+	$(PY) -m benchmarks.speculative --model $(MODEL)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
