@@ -124,7 +124,7 @@ class Speculation:
 
 @torch.inference_mode()
 def speculative_decode_loop(
-    step: Callable[[torch.Tensor], torch.Tensor],
+    step: Callable[[torch.Tensor, int], torch.Tensor],
     history: torch.Tensor,
     new_ids: torch.Tensor,
     params: GenerationParams,
@@ -135,10 +135,11 @@ def speculative_decode_loop(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """decode_loop's contract, with drafts: each step feeds the last token and up to k drafted ones as one
-    multi-token step; `step(ids)` returns logits [batch, n, vocab] for every id. The longest verified prefix plus
-    one corrected token are kept (the same tokens as decode_loop for greedy; the same distribution for sampling),
-    and the session forgets the rejected drafts. Processors and stopping criteria see each position's own prefix,
-    as in decode_loop. A batch keeps the shortest row's run: each row's tokens up to there are still exact."""
+    multi-token step; `step(ids, count)` returns the logits [batch, count, vocab] after the last `count` ids. The
+    longest verified prefix plus one corrected token are kept (the same tokens as decode_loop for greedy; the same
+    distribution for sampling), and the session forgets the rejected drafts. Processors and stopping criteria see
+    each position's own prefix, as in decode_loop. A batch keeps the shortest row's run: each row's tokens up to
+    there are still exact."""
     process = logits_processors(params, logits_processor)
     seen = torch.cat([history, new_ids], dim=1)
     emit = _Emitter(params, seen, new_ids.shape[0], streamer, stopping_criteria)
@@ -150,7 +151,7 @@ def speculative_decode_loop(
         if k > 0:
             drafts, draft_probs = speculation.drafter.propose(emit.seen, k, process, params.do_sample, generator)
         k = drafts.shape[1]
-        logits = step(torch.cat([feed, drafts], dim=1))[:, -(k + 1) :].float()
+        logits = step(torch.cat([feed, drafts], dim=1), k + 1).float()
         scores = torch.stack(
             [process(torch.cat([emit.seen, drafts[:, :j]], dim=1), logits[:, j]) for j in range(k + 1)], dim=1
         )

@@ -77,9 +77,10 @@ class ModelSession:
         """Append ids [batch, n] to the session; returns the logits [batch, vocab] that follow the last one."""
         return self.model.head.logits(self._append(ids)[:, -1])
 
-    def all_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """Append ids [batch, n] to the session; returns the logits [batch, n, vocab] after each of them."""
-        return self.model.head.logits(self._append(ids))
+    def last_logits(self, ids: torch.Tensor, count: int) -> torch.Tensor:
+        """Append ids [batch, n] to the session; returns the logits [batch, count, vocab] after each of its last
+        `count` ids (not all n: the LM head over a long prompt costs as much as a few decoding steps)."""
+        return self.model.head.logits(self._append(ids)[:, -count:])
 
     def forget(self, count: int) -> None:
         """Roll the session back by its last `count` tokens (rejected drafts); the next step truncates the peers."""
@@ -322,7 +323,7 @@ class DistributedModelForCausalLM:
                 self._count_drafts,
                 lambda: session.max_length - session.position,
             )
-            new = speculative_decode_loop(session.all_logits, session.tokens, feed, params, drafts, *extras)
+            new = speculative_decode_loop(session.last_logits, session.tokens, feed, params, drafts, *extras)
         session.pending = new[:, -1:]
         return new
 

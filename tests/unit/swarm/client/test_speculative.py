@@ -48,13 +48,13 @@ class LocalSession:
         self.model, self.ids = model, torch.zeros(rows, 0, dtype=torch.long)
         self.fed: list[int] = []
 
-    def all_logits(self, ids: torch.Tensor) -> torch.Tensor:
+    def last_logits(self, ids: torch.Tensor, count: int) -> torch.Tensor:
         self.ids = torch.cat([self.ids, ids], dim=1)
         self.fed.append(ids.shape[1])
-        return self.model(input_ids=self.ids).logits[:, -ids.shape[1] :]
+        return self.model(input_ids=self.ids).logits[:, -count:]
 
     def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.all_logits(ids)[:, -1]
+        return self.last_logits(ids, 1)[:, -1]
 
     def forget(self, count: int) -> None:
         self.ids = self.ids[:, : self.ids.shape[1] - count]
@@ -69,7 +69,8 @@ def speculative(model, prompt, params, drafter, k: int = 4, generator=None, stat
     session = LocalSession(model, prompt.shape[0])
     observe = (lambda drafted, accepted: stats.append((drafted, accepted))) if stats is not None else None
     speculation = Speculation(drafter, DraftLength(k), session.forget, *([observe] if observe else []))
-    return speculative_decode_loop(session.all_logits, prompt[:, :0], prompt, params, speculation, generator=generator)
+    loop = speculative_decode_loop
+    return loop(session.last_logits, prompt[:, :0], prompt, params, speculation, generator=generator)
 
 
 PROMPTS = torch.tensor([[5, 9, 17, 5, 9, 17, 5, 9], [1, 2, 3, 4, 1, 2, 3, 4], [30, 31, 7, 30, 31, 7, 2, 30]])
@@ -99,7 +100,7 @@ def test_a_step_keeps_the_accepted_drafts_and_forgets_the_rest() -> None:
         session = LocalSession(target, 1)
         speculation = Speculation(DraftModel(target, 40), DraftLength(4), session.forget)
         params = GenerationParams(max_new_tokens=11)
-        out = speculative_decode_loop(session.all_logits, prompt[:, :0], prompt, params, speculation)
+        out = speculative_decode_loop(session.last_logits, prompt[:, :0], prompt, params, speculation)
     assert out.shape == (1, 11)
     assert session.fed[0] == prompt.shape[1] + 4  # the prompt and 4 drafts in one step, then last token + drafts
     assert len(session.fed) <= 3  # 11 tokens in 3 round trips (5 + 5 + 1), not 11
