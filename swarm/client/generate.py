@@ -152,9 +152,7 @@ def speculative_decode_loop(
             drafts, draft_probs = speculation.drafter.propose(emit.seen, k, process, params.do_sample, generator)
         k = drafts.shape[1]
         logits = step(torch.cat([feed, drafts], dim=1), k + 1).float()
-        scores = torch.stack(
-            [process(torch.cat([emit.seen, drafts[:, :j]], dim=1), logits[:, j]) for j in range(k + 1)], dim=1
-        )
+        scores = _processed(process, emit.seen, drafts, logits)
         tokens, accepted = verify(scores, drafts, draft_probs, params.do_sample, generator)
         run = int(accepted[~emit.finished].min()) if bool((~emit.finished).any()) else 0  # ended rows emit pad
         emitted = emit.tokens(tokens[:, : run + 1], scores)
@@ -166,6 +164,17 @@ def speculative_decode_loop(
     if not emit.generated:
         return new_ids[:, :0]
     return torch.stack(emit.generated, dim=1)
+
+
+def _processed(process: Callable, seen: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Scores [batch, k + 1, vocab] from logits [batch, k + 1, vocab]: each position processed after its own
+    prefix (seen [batch, n] and the drafts before it), as decode_loop processes each token's."""
+    if drafts.shape[1] == 0:
+        return process(seen, logits[:, 0])[:, None]
+    scores = torch.empty_like(logits)
+    for j in range(drafts.shape[1] + 1):
+        scores[:, j] = process(torch.cat([seen, drafts[:, :j]], dim=1), logits[:, j])
+    return scores
 
 
 class _Emitter:

@@ -40,6 +40,8 @@ def verify(
         best = scores.argmax(dim=-1)
         return best, _run_length(drafts == best[:, :k])
     probs = torch.softmax(scores, dim=-1)
+    if k == 0:  # nothing drafted: exactly plain sampling, at plain sampling's cost
+        return torch.multinomial(probs[:, 0], 1, generator=generator), drafts.new_zeros(drafts.shape[0])
     target = probs[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [batch, k]
     proposed = torch.ones_like(target)
     if draft_probs is not None:
