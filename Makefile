@@ -36,6 +36,7 @@ bench: $(MODEL_READY)
 	$(PY) -m benchmarks.serve --model $(MODEL)
 	$(PY) -m benchmarks.api --model $(MODEL)
 	$(PY) -m benchmarks.wan --model $(MODEL)
+	$(PY) -m benchmarks.speculative --model $(MODEL)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

@@ -8,6 +8,10 @@ from swarm.codec import DEFAULT_CODEC, CodecId
 from swarm.errors import InvalidArgument
 from swarm.security import SwarmCredentials
 
+PROMPT_LOOKUP = "prompt_lookup"  # ClientConfig.speculative's values (swarm/client/drafters.py)
+DRAFT_PREFIX = "draft:"
+MAX_SPECULATIVE_TOKENS = 32
+
 
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
@@ -30,6 +34,10 @@ class ClientConfig:
     # beyond the codec's tolerance is banned (swarm/client/verify.py). 0: off; 1: every step, about twice the work.
     verify_fraction: float = 0.0
     verify_margin: float = 0.01  # relative L2 allowed on top of 2 x the codec's max_error (swarm/client/checks.py)
+    # Speculative decoding (swarm/client/drafters.py): "" off; "prompt_lookup" drafts by n-gram lookup in the text
+    # so far; "draft:PATH" drafts with a small local causal LM sharing the tokenizer. Verified in one step per round.
+    speculative: str = ""
+    num_speculative_tokens: int = 5  # the most tokens drafted per step (fewer while drafts are being rejected)
 
     def __post_init__(self) -> None:
         for name in ("step_timeout_s", "refresh_s", "ban_base_s", "ban_max_s"):
@@ -46,3 +54,20 @@ class ClientConfig:
             raise InvalidArgument("verify_fraction", f"must be in [0, 1], got {self.verify_fraction}")
         if self.verify_margin < 0:
             raise InvalidArgument("verify_margin", f"must be >= 0, got {self.verify_margin}")
+        check_speculative(self.speculative, self.num_speculative_tokens)
+
+
+def check_speculative(speculative: object, num_speculative_tokens: object) -> None:
+    """Raises InvalidArgument unless `speculative` is "" (off), "prompt_lookup" or "draft:PATH" and
+    `num_speculative_tokens` an int in [1, MAX_SPECULATIVE_TOKENS]. The path is checked when a drafter is built."""
+    draft = isinstance(speculative, str) and speculative.startswith(DRAFT_PREFIX) and len(speculative) > 6
+    if not (draft or speculative in ("", PROMPT_LOOKUP)):
+        raise InvalidArgument(
+            "speculative", f'expected "", "{PROMPT_LOOKUP}" or "{DRAFT_PREFIX}PATH", got {speculative!r}'
+        )
+    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int):
+        raise InvalidArgument("num_speculative_tokens", f"must be an int, got {num_speculative_tokens!r}")
+    if not 1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+        raise InvalidArgument(
+            "num_speculative_tokens", f"must be in [1, {MAX_SPECULATIVE_TOKENS}], got {num_speculative_tokens}"
+        )

@@ -37,6 +37,8 @@ class Sampling:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
+    speculative: str | None = None  # None: the client's ClientConfig.speculative
+    num_speculative_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,8 @@ class Generation:
                 logits_processor=self._processors(),
                 stopping_criteria=[self._stopped],
                 generator=None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed),
+                speculative=sampling.speculative,
+                num_speculative_tokens=sampling.num_speculative_tokens,
             )
             self._finish()
         except BaseException as error:

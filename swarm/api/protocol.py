@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from swarm.config import MAX_SPECULATIVE_TOKENS
+
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_CHOICES = 16  # n: every choice is a row of one batched session on the peers
 
@@ -37,6 +39,10 @@ class SamplingRequest(BaseModel):
     top_k: int = Field(default=0, ge=0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False  # generate max_tokens tokens whatever the model says (benchmarks)
+    # RaySwarm's: speculative decoding by prompt lookup (same output, fewer round trips). Draft models ("draft:PATH")
+    # are a client-side option only: a request must not make the server load a path it names.
+    speculative: Literal["prompt_lookup"] | None = None
+    num_speculative_tokens: int | None = Field(default=None, ge=1, le=MAX_SPECULATIVE_TOKENS)
     # OpenAI's, refused when set: a swarm does not compute them.
     logprobs: Any = None
     logit_bias: dict[str, float] | None = None

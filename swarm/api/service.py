@@ -276,6 +276,8 @@ def _sampling(request: protocol.SamplingRequest, served: ServedModel, ids: list[
         frequency_penalty=request.frequency_penalty,
         repetition_penalty=request.repetition_penalty,
         ignore_eos=request.ignore_eos,
+        speculative=request.speculative,
+        num_speculative_tokens=request.num_speculative_tokens,
     )
 
 

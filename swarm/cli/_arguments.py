@@ -86,6 +86,15 @@ def add_initial_peers_flag(parser: argparse.ArgumentParser, required: bool = Tru
     )
 
 
+def speculative(text: str) -> str:
+    """ "prompt_lookup" or "draft:PATH" (the draft checkpoint is checked when the command runs); "off": none."""
+    if text == "off":
+        return ""
+    if text != "prompt_lookup" and not (text.startswith("draft:") and len(text) > len("draft:")):
+        raise argparse.ArgumentTypeError(f'expected "prompt_lookup", "draft:PATH" or "off", got {text!r}')
+    return text
+
+
 def check_checkpoint_dir(path: Path, flag: str = "--model") -> None:
     """Raise InvalidArgument unless `path` holds a Hugging Face checkpoint (its config.json). Checked when a command
     runs, not while parsing, so that parsing does not depend on the machine. Relative paths are from the current

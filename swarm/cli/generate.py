@@ -1,6 +1,7 @@
 """`swarm generate --initial-peers ADDR "prompt"`: generate text through the swarm, streaming tokens as they come.
 
-Run: `swarm generate --initial-peers /ip4/127.0.0.1/tcp/PORT/p2p/ID --credentials DIR "Hello"` (or `--open`).
+Run: `swarm generate --initial-peers /ip4/127.0.0.1/tcp/PORT/p2p/ID --credentials DIR "Hello"` (or `--open`);
+`--speculative prompt_lookup` (or `draft:PATH`) drafts tokens on the client and verifies several per round trip.
 The client loads only the embeddings, final norm and LM head from --model; the blocks run on the peers. A checkpoint
 with a chat template (an instruct model) gets the prompt as a user message and prints only its reply; `--raw` sends
 the prompt as is and prints it followed by its continuation.
@@ -11,9 +12,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from swarm.cli._arguments import add_initial_peers_flag, at_least, check_checkpoint_dir, in_range, positive
+from swarm.cli._arguments import (
+    add_initial_peers_flag,
+    at_least,
+    check_checkpoint_dir,
+    in_range,
+    positive,
+    speculative,
+)
 from swarm.cli._credentials import add_credential_flags
 from swarm.codec import DEFAULT_CODEC, CodecId
+from swarm.config import MAX_SPECULATIVE_TOKENS
 
 DEFAULT_MODEL = Path(".cache/models/smollm2-135m")
 
@@ -28,6 +37,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-k", type=at_least(0), default=0, help="0: off")
     parser.add_argument("--top-p", type=in_range(0, 1, float), default=1.0)
     parser.add_argument("--repetition-penalty", type=positive(), default=1.0, help="1: off")
+    parser.add_argument(
+        "--speculative",
+        type=speculative,
+        default="off",
+        metavar="KIND",
+        help='draft tokens on the client, verify them in one step: "prompt_lookup", "draft:PATH" or "off" (default)',
+    )
+    parser.add_argument(
+        "--num-speculative-tokens", type=in_range(1, MAX_SPECULATIVE_TOKENS), default=5, help="most drafts per step"
+    )
     parser.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     parser.add_argument(
         "--codec",
@@ -48,9 +67,16 @@ def run(ns: argparse.Namespace) -> int:
 
     credentials = SwarmCredentials.choose(ns.credentials, ns.open)
     check_checkpoint_dir(ns.model)
+    if ns.speculative.startswith("draft:"):
+        check_checkpoint_dir(Path(ns.speculative[len("draft:") :]), "--speculative")
     tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
     model = DistributedModelForCausalLM.from_pretrained(
-        ns.model, ns.initial_peers, codec=CodecId[ns.codec], credentials=credentials
+        ns.model,
+        ns.initial_peers,
+        codec=CodecId[ns.codec],
+        credentials=credentials,
+        speculative=ns.speculative,
+        num_speculative_tokens=ns.num_speculative_tokens,
     )
     try:
         input_ids = prompt_ids(tokenizer, ns.prompt, raw=ns.raw)

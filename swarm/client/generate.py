@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from swarm.client.drafters import Drafter
+from swarm.client.speculative import DraftLength, verify
 from swarm.errors import InvalidArgument
 
 
@@ -107,6 +109,101 @@ def decode_loop(
     if not generated:
         return new_ids[:, :0]
     return torch.stack(generated, dim=1)
+
+
+@dataclass
+class Speculation:
+    """What a speculative decode loop needs besides decode_loop's arguments."""
+
+    drafter: Drafter
+    length: DraftLength
+    forget: Callable[[int], None]  # drop the last n tokens fed to the session (the next step truncates the peers)
+    observe: Callable[[int, int], None] = lambda drafted, accepted: None  # metrics: drafted and accepted per step
+    room: Callable[[], int] = lambda: 1 << 30  # how many more tokens the session can take
+
+
+@torch.inference_mode()
+def speculative_decode_loop(
+    step: Callable[[torch.Tensor, int], torch.Tensor],
+    history: torch.Tensor,
+    new_ids: torch.Tensor,
+    params: GenerationParams,
+    speculation: Speculation,
+    streamer: Any | None = None,
+    logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = (),
+    stopping_criteria: Sequence[Callable[..., Any]] = (),
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """decode_loop's contract, with drafts: each step feeds the last token and up to k drafted ones as one
+    multi-token step; `step(ids, count)` returns the logits [batch, count, vocab] after the last `count` ids. The
+    longest verified prefix plus one corrected token are kept (the same tokens as decode_loop for greedy; the same
+    distribution for sampling), and the session forgets the rejected drafts. Processors and stopping criteria see
+    each position's own prefix, as in decode_loop. A batch keeps the shortest row's run: each row's tokens up to
+    there are still exact."""
+    process = logits_processors(params, logits_processor)
+    seen = torch.cat([history, new_ids], dim=1)
+    emit = _Emitter(params, seen, new_ids.shape[0], streamer, stopping_criteria)
+    feed = new_ids
+    while not emit.done:
+        budget = min(params.max_new_tokens - len(emit.generated) - 1, speculation.room() - feed.shape[1])
+        k = min(speculation.length.next(), budget)
+        drafts, draft_probs = new_ids[:, :0], None
+        if k > 0:
+            drafts, draft_probs = speculation.drafter.propose(emit.seen, k, process, params.do_sample, generator)
+        k = drafts.shape[1]
+        logits = step(torch.cat([feed, drafts], dim=1), k + 1).float()
+        scores = _processed(process, emit.seen, drafts, logits)
+        tokens, accepted = verify(scores, drafts, draft_probs, params.do_sample, generator)
+        run = int(accepted[~emit.finished].min()) if bool((~emit.finished).any()) else 0  # ended rows emit pad
+        emitted = emit.tokens(tokens[:, : run + 1], scores)
+        if k:
+            speculation.length.observe(k, run)
+            speculation.observe(k, min(run, emitted))
+        speculation.forget(k + 1 - emitted)
+        feed = emit.seen[:, -1:]
+    if not emit.generated:
+        return new_ids[:, :0]
+    return torch.stack(emit.generated, dim=1)
+
+
+def _processed(process: Callable, seen: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Scores [batch, k + 1, vocab] from logits [batch, k + 1, vocab]: each position processed after its own
+    prefix (seen [batch, n] and the drafts before it), as decode_loop processes each token's."""
+    if drafts.shape[1] == 0:
+        return process(seen, logits[:, 0])[:, None]
+    scores = torch.empty_like(logits)
+    for j in range(drafts.shape[1] + 1):
+        scores[:, j] = process(torch.cat([seen, drafts[:, :j]], dim=1), logits[:, j])
+    return scores
+
+
+class _Emitter:
+    """Hands out generated tokens one position at a time, as decode_loop does: pad after a row's end, the streamer,
+    the stopping criteria, max_new_tokens."""
+
+    def __init__(self, params: GenerationParams, seen: torch.Tensor, rows: int, streamer, criteria) -> None:
+        self.params, self.seen, self.streamer, self.criteria = params, seen, streamer, criteria
+        self.finished = torch.zeros(rows, dtype=torch.bool)
+        self.generated: list[torch.Tensor] = []
+        self.done = params.max_new_tokens == 0
+
+    def tokens(self, tokens: torch.Tensor, scores: torch.Tensor) -> int:
+        """Emit tokens [batch, n] (scores [batch, >= n, vocab]) until done; returns how many were emitted."""
+        for j in range(tokens.shape[1]):
+            token = torch.where(self.finished, torch.full_like(tokens[:, j], self.params.pad_token_id), tokens[:, j])
+            self.generated.append(token)
+            if self.streamer is not None:
+                self.streamer.put(token)
+            self.seen = torch.cat([self.seen, token[:, None]], dim=1)
+            self.finished |= _is_eos(token, self.params.eos_token_ids)
+            for criterion in self.criteria:
+                self.finished |= torch.as_tensor(criterion(self.seen, scores[:, j]), dtype=torch.bool).expand_as(
+                    self.finished
+                )
+            if bool(self.finished.all()) or len(self.generated) >= self.params.max_new_tokens:
+                self.done = True
+                return j + 1
+        return tokens.shape[1]
 
 
 def _is_eos(tokens: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:

@@ -18,6 +18,7 @@ class ClientMetrics:
 
     def __init__(self, model: str) -> None:
         self.registry = CollectorRegistry()
+        self._model = model
         labels = {"registry": self.registry}
         self.failovers = Counter(
             "swarm_client_failovers", "Inference hops replaced after a peer failed", ["model"], **labels
@@ -40,7 +41,22 @@ class ClientMetrics:
         self.verified_steps.inc(0)
         bad = Counter("swarm_client_bad_outputs", "Peer outputs refused, by check", ["model", "check"], **labels)
         self.bad_outputs = {check: bad.labels(model=model, check=check) for check in OUTPUT_CHECKS}
+        self.drafted_tokens = Counter(
+            "swarm_client_drafted_tokens", "Speculative tokens drafted and sent for verification", ["model"], **labels
+        ).labels(model=model)
+        self.accepted_tokens = Counter(
+            "swarm_client_accepted_tokens", "Speculative tokens the swarm's verification kept", ["model"], **labels
+        ).labels(model=model)
+        for counter in (self.drafted_tokens, self.accepted_tokens):
+            counter.inc(0)
         self._server = None
+
+    def speculation(self) -> dict[str, float]:
+        """drafted, accepted and acceptance_rate (accepted / drafted; 0 before any draft) since the model was made."""
+        labels = {"model": self._model}
+        drafted = self.registry.get_sample_value("swarm_client_drafted_tokens_total", labels) or 0.0
+        accepted = self.registry.get_sample_value("swarm_client_accepted_tokens_total", labels) or 0.0
+        return {"drafted": drafted, "accepted": accepted, "acceptance_rate": accepted / drafted if drafted else 0.0}
 
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve /metrics over HTTP until close(); returns host:port (useful with port 0)."""

@@ -18,12 +18,14 @@ from typing import Any
 import torch
 
 from swarm.client.arguments import check_session_shape, checked_input_ids
-from swarm.client.generate import GenerationParams, decode_loop
+from swarm.client.drafters import DraftModels
+from swarm.client.generate import GenerationParams, Speculation, decode_loop, speculative_decode_loop
 from swarm.client.metrics import ClientMetrics
 from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
+from swarm.client.speculative import DraftLength
 from swarm.client.view import SwarmView
-from swarm.config import ClientConfig
+from swarm.config import ClientConfig, check_speculative
 from swarm.errors import CredentialsError, InvalidArgument, InvalidRequest
 from swarm.partition import load_client_head, open_checkpoint
 from swarm.registry import Registry
@@ -73,13 +75,27 @@ class ModelSession:
 
     def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Append ids [batch, n] to the session; returns the logits [batch, vocab] that follow the last one."""
+        return self.model.head.logits(self._append(ids)[:, -1])
+
+    def last_logits(self, ids: torch.Tensor, count: int) -> torch.Tensor:
+        """Append ids [batch, n] to the session; returns the logits [batch, count, vocab] after each of its last
+        `count` ids (not all n: the LM head over a long prompt costs as much as a few decoding steps)."""
+        return self.model.head.logits(self._append(ids)[:, -count:])
+
+    def forget(self, count: int) -> None:
+        """Roll the session back by its last `count` tokens (rejected drafts); the next step truncates the peers."""
+        if count:
+            self.session.rollback(self.position - count)
+            self.tokens = self.tokens[:, : self.position]
+
+    def _append(self, ids: torch.Tensor) -> torch.Tensor:
         if self.position + ids.shape[1] > self.max_length:
             raise InvalidRequest(
                 f"{self.position + ids.shape[1]} tokens exceed the session's max_length {self.max_length}"
             )
         hidden = self.session.step(self.model.head.embed(ids))
         self.tokens = torch.cat([self.tokens, ids], dim=1)
-        return self.model.head.logits(hidden[:, -1])
+        return hidden
 
     @contextmanager
     def turn(self) -> Iterator[ModelSession]:
@@ -129,6 +145,7 @@ class DistributedModelForCausalLM:
         self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True, credentials=self.credentials)
         name = config.model_name or Path(path).name
         self.metrics = ClientMetrics(name)
+        self._draft_models = DraftModels()  # speculative="draft:PATH" models, loaded on first use
         self.metrics_address = (
             "" if config.metrics_port is None else self.metrics.serve(config.dht_host, config.metrics_port)
         )
@@ -214,6 +231,8 @@ class DistributedModelForCausalLM:
         logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None,
         stopping_criteria: Sequence[Callable[..., Any]] | None = None,
         generator: torch.Generator | None = None,
+        speculative: str | None = None,
+        num_speculative_tokens: int | None = None,
     ) -> torch.Tensor:
         """Like transformers' generate: returns input_ids followed by the new tokens, [batch, n + new].
 
@@ -221,12 +240,19 @@ class DistributedModelForCausalLM:
         StoppingCriteriaList) or any callables of that signature. `generator` (not in Hugging Face) draws the
         samples: a seeded torch.Generator gives the same text for the same seed, whatever other threads do.
 
+        `speculative` ("prompt_lookup", "draft:PATH"; "" for none; None: ClientConfig.speculative) drafts up to
+        `num_speculative_tokens` tokens (None: ClientConfig's) on the client and verifies them in one step through
+        the swarm: the same tokens as without it when greedy, the same distribution when sampling, in fewer round
+        trips. `speculation_stats()` counts drafted and accepted tokens.
+
         Thread-safe: concurrent calls on one model each run their own session, except that `session` (or the
         calling thread's `with model.inference_session()`) continues that conversation.
 
         Raises:
             InvalidRequest: padded batches (attention_mask with zeros), arguments out of range, or a session that
                 another thread is generating in.
+            InvalidArgument: an unknown `speculative` kind, a draft path that is no checkpoint, or
+                `num_speculative_tokens` out of [1, 32].
         """
         input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings)
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -234,12 +260,14 @@ class DistributedModelForCausalLM:
         params = self._params(
             max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos_token_id, pad_token_id
         )
+        speculation = self._speculation(speculative, num_speculative_tokens)
         if streamer is not None:
             streamer.put(input_ids)
         length = max_length or input_ids.shape[1] + max_new_tokens
         try:
             with self._session_for(session, input_ids.shape[0], length) as turn:
-                new = self._decode(turn, input_ids, params, streamer, logits_processor, stopping_criteria, generator)
+                extras = (logits_processor or (), stopping_criteria or (), generator)
+                new = self._decode(turn, input_ids, params, streamer, speculation, *extras)
         finally:
             if streamer is not None:
                 streamer.end()
@@ -260,30 +288,52 @@ class DistributedModelForCausalLM:
         finally:
             own.close()
 
-    @staticmethod
+    def _speculation(self, speculative: str | None, num_speculative_tokens: int | None) -> tuple[str, int]:
+        """The speculative kind and draft length a generate() call asked for (ClientConfig's by default), checked."""
+        config = self.client_config
+        kind = config.speculative if speculative is None else speculative
+        k = config.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+        check_speculative(kind, k)
+        if kind:
+            self._draft_models.check(kind)
+        return kind, k
+
     def _decode(
+        self,
         session: ModelSession,
         input_ids: torch.Tensor,
         params: GenerationParams,
         streamer: Any | None,
-        logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None,
-        stopping_criteria: Sequence[Callable[..., Any]] | None,
+        speculation: tuple[str, int],
+        logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
+        stopping_criteria: Sequence[Callable[..., Any]],
         generator: torch.Generator | None,
     ) -> torch.Tensor:
         """The new tokens [batch, <= max_new_tokens] after input_ids, fed to `session` after last turn's last token."""
         feed = torch.cat([session.pending, input_ids], dim=1)
-        new = decode_loop(
-            session.next_logits,
-            session.tokens,
-            feed,
-            params,
-            streamer,
-            logits_processor or (),
-            stopping_criteria or (),
-            generator,
-        )
+        extras = (streamer, logits_processor, stopping_criteria, generator)
+        kind, k = speculation
+        if not kind:
+            new = decode_loop(session.next_logits, session.tokens, feed, params, *extras)
+        else:
+            drafts = Speculation(
+                self._draft_models.drafter_for(kind, self.head.lm_head.out_features),
+                DraftLength(k),
+                session.forget,
+                self._count_drafts,
+                lambda: session.max_length - session.position,
+            )
+            new = speculative_decode_loop(session.last_logits, session.tokens, feed, params, drafts, *extras)
         session.pending = new[:, -1:]
         return new
+
+    def _count_drafts(self, drafted: int, accepted: int) -> None:
+        self.metrics.drafted_tokens.inc(drafted)
+        self.metrics.accepted_tokens.inc(accepted)
+
+    def speculation_stats(self) -> dict[str, float]:
+        """Speculative decoding so far on this model: drafted and accepted tokens and their ratio."""
+        return self.metrics.speculation()
 
     def _params(self, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos, pad):
         eos = self.config.eos_token_id if eos is None else eos

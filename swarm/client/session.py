@@ -24,6 +24,7 @@ from swarm.client.span_session import SpanSession
 from swarm.client.verify import Verifier, VerifyPolicy
 from swarm.codec import CodecId
 from swarm.errors import (
+    InvalidArgument,
     InvalidOutput,
     InvalidRequest,
     MissingBlocks,
@@ -55,6 +56,17 @@ class _HopState:
     session: SpanSession
     pace: HopPace
     inputs: list[torch.Tensor] = field(default_factory=list)  # every input sent, [batch, new_tokens, hidden] each
+
+
+def _trimmed(inputs: list[torch.Tensor], tokens: int) -> list[torch.Tensor]:
+    """The first `tokens` tokens of a hop's inputs (each [batch, new_tokens, hidden])."""
+    kept: list[torch.Tensor] = []
+    for piece in inputs:
+        if tokens <= 0:
+            break
+        kept.append(piece if piece.shape[1] <= tokens else piece[:, :tokens])
+        tokens -= piece.shape[1]
+    return kept
 
 
 class InferenceSession:
@@ -145,6 +157,20 @@ class InferenceSession:
         self.position += hidden.shape[1]
         self.metrics.step_latency.observe(time.perf_counter() - started)
         return hidden
+
+    def rollback(self, position: int) -> None:
+        """Forget every token from `position` on (rejected speculative drafts). No message is sent: the next step's
+        position, below their length, tells the peers to truncate their KV caches; the replay history is trimmed
+        the same way, so a replacement peer rebuilds exactly the kept tokens.
+
+        Raises:
+            InvalidArgument: `position` is not in [0, self.position].
+        """
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= self.position:
+            raise InvalidArgument("position", f"must be an int in [0, {self.position}], got {position!r}")
+        for state in self._hops:
+            state.inputs = _trimmed(state.inputs, position)
+        self.position = position
 
     def _verify(self, state: _HopState, hidden: torch.Tensor, output: torch.Tensor) -> None:
         assert self._verifier is not None

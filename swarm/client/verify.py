@@ -59,6 +59,8 @@ class _Replica:
     def run(self, history: torch.Tensor | None, hidden: torch.Tensor, piece_tokens: int) -> torch.Tensor:
         """Feed what it has not seen of `history` [batch, position, hidden], then `hidden` [batch, new, hidden];
         returns its answer for `hidden`'s tokens."""
+        if history is not None:  # shorter than what was fed: the session rolled back (rejected drafts)
+            self.fed = min(self.fed, history.shape[1])
         missed = history[:, self.fed :] if history is not None else hidden[:, :0]
         feed = torch.cat([missed, hidden], dim=1)
         piece = max(1, piece_tokens // feed.shape[0])

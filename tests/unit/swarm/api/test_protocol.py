@@ -40,6 +40,8 @@ def test_max_completion_tokens_wins_over_max_tokens() -> None:
         {"stop": ["a", "b", "c", "d", "e"]},
         {"stop": [""]},
         {"messages": []},
+        {"speculative": "draft:/etc"},  # a request never makes the server load a path
+        {"num_speculative_tokens": 0},
     ],
 )
 def test_out_of_range_fields_are_refused(field: dict) -> None:

@@ -38,6 +38,10 @@ GENERATE = ["generate", "--open", "--initial-peers", ADDRESS, "hi"]
         ([*GENERATE, "--temperature", "-1"], "--temperature"),
         ([*GENERATE, "--top-p", "2"], "--top-p"),
         ([*GENERATE, "--max-new-tokens", "-3"], "--max-new-tokens"),
+        ([*GENERATE, "--speculative", "medusa"], "--speculative"),
+        ([*GENERATE, "--speculative", "draft:"], "--speculative"),
+        ([*GENERATE, "--num-speculative-tokens", "0"], "--num-speculative-tokens"),
+        ([*GENERATE, "--num-speculative-tokens", "33"], "--num-speculative-tokens"),
         (["--log-level", "LOUD", "status", "--open", "--initial-peers", ADDRESS], "--log-level"),
     ],
 )
@@ -80,6 +84,19 @@ def test_checks_against_the_model_run_before_anything_starts(
 def test_a_missing_checkpoint_names_the_flag_and_the_directory(tmp_path: Path, capsys) -> None:
     assert main(["generate", "--open", "--initial-peers", ADDRESS, "hi", "--model", str(tmp_path)]) == 2
     assert f"swarm generate: --model: {tmp_path} has no config.json" in capsys.readouterr().err
+
+
+def test_a_missing_draft_checkpoint_names_the_flag(smollm2_path: Path, tmp_path: Path, capsys) -> None:
+    args = ["generate", "--open", "--initial-peers", ADDRESS, "hi", "--model", str(smollm2_path)]
+    assert main([*args, "--speculative", f"draft:{tmp_path}"]) == 2
+    assert f"swarm generate: --speculative: {tmp_path} has no config.json" in capsys.readouterr().err
+
+
+def test_speculative_flags_parse() -> None:
+    ns = build_parser().parse_args([*GENERATE, "--speculative", "prompt_lookup", "--num-speculative-tokens", "8"])
+    assert (ns.speculative, ns.num_speculative_tokens) == ("prompt_lookup", 8)
+    assert build_parser().parse_args([*GENERATE, "--speculative", "off"]).speculative == ""
+    assert build_parser().parse_args(GENERATE).speculative == ""
 
 
 def test_initial_peer_list_takes_a_string_a_comma_list_or_a_list() -> None:

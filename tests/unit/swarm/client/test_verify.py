@@ -83,6 +83,15 @@ def test_a_shadow_catches_up_on_what_it_missed_in_pieces() -> None:
     assert swarm.streams[0].positions[-1] == (9, 2)
 
 
+def test_after_a_rollback_the_shadow_steps_at_the_rolled_back_position() -> None:
+    """Rejected speculative drafts are forgotten (InferenceSession.rollback): the history shrinks, and the shadow's
+    next step goes at the new position, which truncates its cache as it does the primary's."""
+    swarm = Swarm({"a": 3, "b": 2})
+    swarm.check("a", history=torch.ones(1, 2, 3))  # fed 2 + 2: its cache holds 4 tokens
+    swarm.check("a", history=torch.ones(1, 3, 3))  # rolled back to 3 (one draft rejected)
+    assert swarm.streams[0].positions[-1] == (3, 2)
+
+
 def test_a_wrong_primary_is_outvoted_and_raised_for_failover() -> None:
     swarm = Swarm({"n": 3, "b": 2, "c": 1}, errors={"n": 0.5})
     with pytest.raises(InvalidOutput, match=r"n disagrees with b .* referee c sides with b") as caught:
