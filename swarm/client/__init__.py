@@ -1,6 +1,8 @@
 """Client side of the swarm.
 
-model.py: DistributedModelForCausalLM (Hugging Face-style); generate.py: the decoding loop; chat.py: chat messages
+model.py: DistributedModelForCausalLM (Hugging Face-style); generate.py: the decoding loops (plain and speculative);
+drafters.py: speculative drafters (prompt lookup, a local draft model); speculative.py: which drafts a verification
+step keeps and how many to draft; chat.py: chat messages
 to a prompt; sequential.py: RemoteSequential (forward/backward through the swarm, in autograd); span_session.py:
 SpanSession (one inference stream to one peer, and how long its answers are awaited); session.py: InferenceSession
 (a route across the model with failover and replay); pace.py: when a hop is late; view.py: SwarmView (the

@@ -68,6 +68,11 @@ def test_greedy_chat_equals_the_python_client(
     assert answer.choices[0].finish_reason == ("stop" if tokenizer.eos_token_id in new else "length")
     route = answer.model_extra["swarm"]["route"]
     assert [(hop["start"], hop["end"]) for hop in route] == [(0, 15), (15, 30)]
+    speculative = {"speculative": "prompt_lookup", "num_speculative_tokens": 4}  # RaySwarm's extension: same text
+    again = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=12, temperature=0, extra_body=speculative
+    )
+    assert again.choices[0].message.content == text
 
 
 def test_streamed_chat_is_the_same_text_in_pieces(client: openai.OpenAI) -> None:

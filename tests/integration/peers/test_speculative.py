@@ -154,7 +154,8 @@ def test_a_peer_sigkilled_mid_speculation_is_replaced_and_the_tokens_do_not_chan
         while "victim-15" not in {peer.peer_id for peer in model.view.peers(False)}:
             assert time.monotonic() < deadline, "the victim never showed up in the client's view"
             time.sleep(0.2)
-        input_ids = tokenizer(PASSAGE[:400], return_tensors="pt").input_ids
+        copy = f"{PASSAGE[:300]}\n\nThe same text, copied word for word:\n\n{PASSAGE[:40]}"  # drafts are kept
+        input_ids = tokenizer(copy, return_tensors="pt").input_ids
         expected = model.generate(input_ids, max_new_tokens=24, eos_token_id=[])
         kill = KillAt(process.pid, 6)
         with model.inference_session(max_length=input_ids.shape[1] + 25) as session:
