@@ -6,16 +6,15 @@ namespace's own 127.0.0.1. Used by `python -m benchmarks.wan` and tests/integrat
 from __future__ import annotations
 
 import os
-import queue
 import re
 import subprocess
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.netns import WanLink
+from benchmarks.output_lines import OutputLines
 
 ENV = {
     **os.environ,
@@ -31,29 +30,19 @@ class Command:
     def __init__(self, net: WanLink, host: str, args: Sequence[str]) -> None:
         self.host = host
         self.process = net.python(host, args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.out = OutputLines(self.process)
 
-    def _read(self) -> None:
-        for line in self.process.stdout:  # type: ignore[union-attr]
-            self.output.append(line)
-            self.lines.put(line)
+    @property
+    def output(self) -> list[str]:
+        return self.out.output
 
     def wait_for(self, pattern: str, timeout_s: float) -> re.Match:
         """The first line (from now) matching `pattern`; RuntimeError with the output if none comes in time."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.process.poll() is not None:
-                    break
-                continue
-            if match := re.search(pattern, line):
-                return match
-        tail = "".join(self.output)[-3000:]
-        raise RuntimeError(f"{self.host}: no line matching {pattern!r} in {timeout_s} s; output:\n{tail}")
+        match = self.out.wait_for(pattern, timeout_s)
+        if match is None:
+            tail = self.out.tail(3000)
+            raise RuntimeError(f"{self.host}: no line matching {pattern!r} in {timeout_s} s; output:\n{tail}")
+        return match
 
 
 @dataclass

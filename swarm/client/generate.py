@@ -86,29 +86,19 @@ def decode_loop(
     draws the samples (a seeded torch.Generator makes sampling repeatable whatever other threads draw).
     Returns the generated tokens [batch, <= max_new_tokens]."""
     process = logits_processors(params, logits_processor)
-    seen = torch.cat([history, new_ids], dim=1)
-    finished = torch.zeros(new_ids.shape[0], dtype=torch.bool)
-    generated: list[torch.Tensor] = []
+    emit = _Emitter(params, torch.cat([history, new_ids], dim=1), new_ids.shape[0], streamer, stopping_criteria)
     feed = new_ids
-    for _ in range(params.max_new_tokens):
-        scores = process(seen, step(feed).float())
+    while not emit.done:
+        scores = process(emit.seen, step(feed).float())
         if params.do_sample:
             tokens = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
         else:
             tokens = scores.argmax(dim=-1)
-        tokens = torch.where(finished, torch.full_like(tokens, params.pad_token_id), tokens)
-        generated.append(tokens)
-        if streamer is not None:
-            streamer.put(tokens)
-        seen, feed = torch.cat([seen, tokens[:, None]], dim=1), tokens[:, None]
-        finished |= _is_eos(tokens, params.eos_token_ids)
-        for criterion in stopping_criteria:
-            finished |= torch.as_tensor(criterion(seen, scores), dtype=torch.bool).expand_as(finished)
-        if bool(finished.all()):
-            break
-    if not generated:
+        emit.tokens(tokens[:, None], scores[:, None])
+        feed = emit.seen[:, -1:]  # the token as emitted (pad once a row has ended)
+    if not emit.generated:
         return new_ids[:, :0]
-    return torch.stack(generated, dim=1)
+    return torch.stack(emit.generated, dim=1)
 
 
 @dataclass
@@ -178,8 +168,8 @@ def _processed(process: Callable, seen: torch.Tensor, drafts: torch.Tensor, logi
 
 
 class _Emitter:
-    """Hands out generated tokens one position at a time, as decode_loop does: pad after a row's end, the streamer,
-    the stopping criteria, max_new_tokens."""
+    """Hands out generated tokens one position at a time, for both loops: pad after a row's end, the streamer, the
+    stopping criteria, max_new_tokens."""
 
     def __init__(self, params: GenerationParams, seen: torch.Tensor, rows: int, streamer, criteria) -> None:
         self.params, self.seen, self.streamer, self.criteria = params, seen, streamer, criteria

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from benchmarks.output_lines import OutputLines
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV = {
@@ -49,28 +49,17 @@ class Daemon:
             text=True,
             start_new_session=True,
         )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.out = OutputLines(self.process)
 
-    def _read(self) -> None:
-        for line in self.process.stdout:  # type: ignore[union-attr]
-            self.output.append(line)
-            self.lines.put(line)
+    @property
+    def output(self) -> list[str]:
+        return self.out.output
 
     def wait_for(self, pattern: str, timeout_s: float) -> re.Match:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.process.poll() is not None:
-                    break
-                continue
-            match = re.search(pattern, line)
-            if match:
-                return match
-        raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(self.output)[-4000:]}")
+        match = self.out.wait_for(pattern, timeout_s)
+        if match is None:
+            raise AssertionError(f"no line matching {pattern!r}; output so far:\n{self.out.tail(4000)}")
+        return match
 
     def terminate(self, timeout_s: float) -> int:
         """SIGTERM the command itself (as a preemption notice would) and wait for its exit code."""

@@ -11,9 +11,11 @@ import pytest
 from peers.limits import LimitsConfig
 from peers.server import PeerServer, ServerConfig
 from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.registry import Announcer, Registry
 from swarm.security import SwarmCredentials
+from swarm.types import PeerInfo
 
-from .wire import smollm2_halves
+from .wire import peer_info, smollm2_halves
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +39,23 @@ def stubs(peer_servers: list[PeerServer]) -> Iterator[list[pb_grpc.PeerStub]]:
     yield [pb_grpc.PeerStub(channel) for channel in channels]
     for channel in channels:
         channel.close()
+
+
+def announce(server: PeerServer, registry: Registry) -> Announcer:
+    def describe() -> PeerInfo:
+        return peer_info(server, model="smollm2-135m", total_blocks=30, cache_tokens_free=server.pool.tokens_free)
+
+    announcer = Announcer(registry, describe, period_s=5, ttl_s=30)
+    announcer.start()
+    return announcer
+
+
+@pytest.fixture(scope="module")
+def bootstrap(peer_servers: list[PeerServer]) -> Iterator[Registry]:
+    """A DHT bootstrap (open swarm) in which the shared peer servers are announced, as daemons would."""
+    registry = Registry(credentials=SwarmCredentials.open())
+    announcers = [announce(server, registry) for server in peer_servers]
+    yield registry
+    for announcer in announcers:
+        announcer.stop()
+    registry.shutdown()

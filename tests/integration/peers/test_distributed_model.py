@@ -12,14 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from peers.server import PeerServer
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.errors import InvalidRequest
-from swarm.registry import Announcer, Registry
+from swarm.registry import Registry
 from swarm.security import SwarmCredentials
-from swarm.types import PeerInfo
-
-from .wire import peer_info
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
@@ -28,25 +24,6 @@ STARTS = ("The", "In winter the", "Everyone knows that the", "My grandmother sai
 SUBJECTS = ("river", "old clock", "market square", "lighthouse", "bakery", "train station", "garden", "library")
 THREAD_PROMPTS = [f"{start} {subject}" for start in STARTS for subject in SUBJECTS]  # 32 different prompts
 THREAD_TOKENS = 8
-
-
-def announce(server: PeerServer, registry: Registry) -> Announcer:
-    def describe() -> PeerInfo:
-        return peer_info(server, model="smollm2-135m", total_blocks=30, cache_tokens_free=server.pool.tokens_free)
-
-    announcer = Announcer(registry, describe, period_s=5, ttl_s=30)
-    announcer.start()
-    return announcer
-
-
-@pytest.fixture(scope="module")
-def bootstrap(peer_servers: list[PeerServer]) -> Iterator[Registry]:
-    registry = Registry(credentials=OPEN)
-    announcers = [announce(server, registry) for server in peer_servers]
-    yield registry
-    for announcer in announcers:
-        announcer.stop()
-    registry.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,10 @@ import pytest
 import torch
 
 from benchmarks import peer_process
-from peers.server import PeerServer
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.registry import Announcer, Registry
 from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, PeerState, Span
-
-from .test_distributed_model import announce
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 PASSAGE = (Path(__file__).resolve().parents[2] / "data" / "speculative_passage.txt").read_text()
@@ -28,16 +25,6 @@ STARTS = ("The bridge", "In the spring", "The river rose", "When the water", "Fa
 ENDS = (" stood because", " was rebuilt when", ". It said that", " and the children")
 PROMPTS = [f"{start}{end}" for start in STARTS for end in ENDS]  # 20 prompts
 NEW_TOKENS = 10
-
-
-@pytest.fixture(scope="module")
-def bootstrap(peer_servers: list[PeerServer]) -> Iterator[Registry]:
-    registry = Registry(credentials=OPEN)
-    announcers = [announce(server, registry) for server in peer_servers]
-    yield registry
-    for announcer in announcers:
-        announcer.stop()
-    registry.shutdown()
 
 
 @pytest.fixture(scope="module")
