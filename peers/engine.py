@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from peers.kv_cache import Sequence
+from peers.kv_cache import Sequence, copies_needed, reorder
 from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner, Piece
 from peers.scheduler import Chunk, MovingAverage, RateMeter, Ready, Task, TaskKind, TaskQueue, plan_iteration
@@ -44,6 +44,7 @@ class _Step:
     session: _Session
     hidden: torch.Tensor  # [batch, tokens, hidden]
     position: int
+    hypo_ids: list[int] | None = None  # beam search: rows' sources, applied when the step is first planned
     future: Future = field(default_factory=Future)
     done: int = 0  # tokens per sequence already run
     outputs: list[torch.Tensor] = field(default_factory=list)  # [batch, chunk, hidden] each
@@ -131,14 +132,15 @@ class Engine:
             sequences = [Sequence() for _ in range(batch_size)]
             self._sessions[session_id] = _Session(session_id, blocks, max_length, sequences, self.clock())
 
-    def step(self, session_id: str, hidden: torch.Tensor, position: int) -> Future:
+    def step(self, session_id: str, hidden: torch.Tensor, position: int, hypo_ids: list[int] | None = None) -> Future:
         """Queue new tokens' hidden states [batch, tokens, hidden] at `position` (below the session's length: roll
-        back to it first). The future gives the span's output [batch, tokens, hidden].
+        back to it first). With `hypo_ids` (beam search), row i first continues from row hypo_ids[i]'s cache. The
+        future gives the span's output [batch, tokens, hidden].
 
         Raises:
             SessionNotFound: the session is not open (closed, idle for too long, or preempted).
-            InvalidRequest: wrong batch size, a position past the session's length or beyond its max_length, or a
-                step while another is still running.
+            InvalidRequest: wrong batch size, a position past the session's length or beyond its max_length, a
+                hypo_ids that does not name one row of the session per row, or a step while another is still running.
         """
         with self._cond:
             session = self._session(session_id)
@@ -153,9 +155,11 @@ class Engine:
                 )
             if session.pending is not None:
                 raise InvalidRequest(f"session {session_id!r} sent a step before its previous one was answered")
+            if hypo_ids is not None and (len(hypo_ids) != rows or not all(0 <= h < rows for h in hypo_ids)):
+                raise InvalidRequest(f"hypo_ids must name one of the session's {rows} rows per row, got {hypo_ids}")
             for sequence in session.sequences:
                 sequence.truncate(self.pool, position)
-            session.pending = _Step(session, hidden, position)
+            session.pending = _Step(session, hidden, position, hypo_ids)
             session.last_used = self.clock()
             self._cond.notify()
             return session.pending.future
@@ -238,6 +242,10 @@ class Engine:
             session = step.session
             if step.future.done():  # preempted for an older session's pages a moment ago
                 continue
+            if step.hypo_ids is not None:
+                lost.extend(self._fork_beams(step))
+                if step.future.done():
+                    continue
             length = step.position + step.done + chunk.tokens
             needed = sum(seq.pages_needed(length, self.pool.page_size) for seq in session.sequences)
             if session.admitted is None:
@@ -254,6 +262,21 @@ class Engine:
                 sequence.grow(self.pool, length)
             planned.append(chunk)
         return planned, lost
+
+    def _fork_beams(self, step: _Step) -> list[tuple[str, SwarmError]]:
+        """Reorder the session's rows as the step's hypo_ids say, preempting newer sessions for the pages that
+        forked beams copy. Here, in the loop, rather than in step(): pages are taken and zeroed only by the loop."""
+        session, hypo_ids = step.session, step.hypo_ids
+        assert hypo_ids is not None
+        step.hypo_ids = None
+        lost: list[tuple[str, SwarmError]] = []
+        needed = copies_needed(session.sequences, hypo_ids)
+        if needed > self.pool.pages_free:
+            lost = self._preempt_for(session, needed)
+            if step.future.done():
+                return lost
+        session.sequences = reorder(session.sequences, hypo_ids, self.pool)
+        return lost
 
     def _pages_for_next_tokens(self) -> int:
         """Pages the admitted sessions need for one more token each: those whose last page is full."""

@@ -114,6 +114,20 @@ class PagePool:
     def give_back(self, pages: list[int]) -> None:
         self._free.extend(reversed(pages))
 
+    def copies(self, pages: list[int]) -> list[int]:
+        """New pages holding the keys and values of `pages` (a beam that forks). Raises Overloaded, taking
+        nothing, when fewer than len(pages) are free."""
+        copied = self.take(len(pages))
+        if copied:
+            source = torch.tensor(pages, dtype=torch.int64, device=self.keys.device)
+            target = torch.tensor(copied, dtype=torch.int64, device=self.keys.device)
+            for store in (self.keys, self.values):
+                paged = store.view(store.shape[0], -1, self.page_size, *store.shape[2:])
+                paged[:, target] = paged[:, source]
+            written = set(copied)
+            self._unzeroed = [page for page in self._unzeroed if page not in written]  # copied, not stale
+        return copied
+
 
 @dataclass(slots=True)
 class Sequence:
@@ -140,3 +154,40 @@ class Sequence:
 
     def release(self, pool: PagePool) -> None:
         self.truncate(pool, 0)
+
+
+def copies_needed(sequences: list[Sequence], hypo_ids: list[int]) -> int:
+    """Free pages reorder() needs: the forked rows' copies, less the pages of the rows it drops."""
+    owners = _owners(hypo_ids)
+    copies = sum(len(sequences[source].pages) for row, source in enumerate(hypo_ids) if owners[source] != row)
+    freed = sum(len(sequence.pages) for index, sequence in enumerate(sequences) if index not in owners)
+    return max(copies - freed, 0)
+
+
+def reorder(sequences: list[Sequence], hypo_ids: list[int], pool: PagePool) -> list[Sequence]:
+    """Row i continues from row hypo_ids[i] (beam search): the first row to take a source keeps its pages (a row
+    that takes its own source first), the others get copies, and sources no row takes give their pages back.
+    Raises Overloaded, changing nothing, when the copies do not fit."""
+    needed = copies_needed(sequences, hypo_ids)
+    if needed > pool.pages_free:
+        raise Overloaded(f"KV cache is full: forking beams needs {needed} more pages, {pool.pages_free} are free")
+    owners = _owners(hypo_ids)
+    for index, sequence in enumerate(sequences):
+        if index not in owners:
+            sequence.release(pool)
+    result = []
+    for row, source in enumerate(hypo_ids):
+        original = sequences[source]
+        if owners[source] == row:
+            result.append(original)
+        else:
+            result.append(Sequence(pool.copies(original.pages), original.length))
+    return result
+
+
+def _owners(hypo_ids: list[int]) -> dict[int, int]:
+    """Which row keeps each source's own pages: the row that is the source itself if it takes it, else the first."""
+    owners = {source: row for row, source in enumerate(hypo_ids) if source == row}
+    for row, source in enumerate(hypo_ids):
+        owners.setdefault(source, row)
+    return owners

@@ -132,16 +132,19 @@ class Pusher:
         self._stubs = PeerStubs(credentials, max_message_bytes)
         self._threads = ThreadPoolExecutor(PUSH_THREADS, thread_name_prefix="peer-push")
 
-    async def send(self, targets: list[pb.PushTarget], step_id: int, position: int, output: pb.Tensor) -> bool:
-        """Push `output` to the first target (the rest ride along); called on the serving loop, the call runs on a
+    async def send(self, ran: pb.InferenceStep, output: pb.Tensor) -> bool:
+        """Push `output`, the answer to the step `ran`, to the first of its push targets (the rest ride along); called on the serving loop, the call runs on a
         push thread. False (the client then sends the step itself) when there is no target, the output is too big
         for one message, or the push failed within PUSH_ANSWER_WAIT_S. A push still under way by then counts as
         sent and goes on in the background: a slow target still gets it, and a frozen one is the client's to find
         late (swarm/client/pace.py), rather than a reason to hold this peer's own answer back."""
+        targets = list(ran.push_to)
         if not targets or output.ByteSize() > self.max_message_bytes - 4096:
             return False
         target, rest = targets[0], targets[1:]
-        step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=output, push_to=rest)
+        step = pb.InferenceStep(
+            step_id=ran.step_id, position=ran.position, hidden_states=output, push_to=rest, hypo_ids=ran.hypo_ids
+        )
         request = pb.PushRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, session_id=target.session_id, step=step)
         pushing = asyncio.get_running_loop().run_in_executor(self._threads, self._push, target, request)
         try:

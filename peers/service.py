@@ -201,11 +201,12 @@ class PeerService(pb_grpc.PeerServicer):
             hidden = self._decode_checked(join(parts), "hidden_states")
             steps.admit(self.admission, hidden.shape[0] * hidden.shape[1])
             started = time.perf_counter()
-            output = await asyncio.wrap_future(self.engine.step(session_id, hidden, int(step.position)))
+            hypo_ids = list(step.hypo_ids) or None
+            output = await asyncio.wrap_future(self.engine.step(session_id, hidden, int(step.position), hypo_ids))
             encoded = self._encode(output, choice)
             self.metrics.latency.labels(rpc="Inference").observe(time.perf_counter() - started)
             done.add(step.step_id)
-            pushed = await self.pusher.send(list(step.push_to), step.step_id, step.position, encoded)
+            pushed = await self.pusher.send(step, encoded)
             for chunk in split(encoded, self.config.max_message_bytes):
                 yield pb.InferenceResponse(
                     step_id=step.step_id, position=step.position + hidden.shape[1], hidden_states=chunk, pushed=pushed

@@ -178,16 +178,18 @@ class PushTarget(_message.Message):
     def __init__(self, address: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class InferenceStep(_message.Message):
-    __slots__ = ("step_id", "position", "hidden_states", "push_to")
+    __slots__ = ("step_id", "position", "hidden_states", "push_to", "hypo_ids")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
     PUSH_TO_FIELD_NUMBER: _ClassVar[int]
+    HYPO_IDS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     position: int
     hidden_states: Tensor
     push_to: _containers.RepeatedCompositeFieldContainer[PushTarget]
-    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., push_to: _Optional[_Iterable[_Union[PushTarget, _Mapping]]] = ...) -> None: ...
+    hypo_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., push_to: _Optional[_Iterable[_Union[PushTarget, _Mapping]]] = ..., hypo_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InferenceRequest(_message.Message):
     __slots__ = ("open", "step")

@@ -1,8 +1,12 @@
-"""DistributedModelForCausalLM: a causal LM whose blocks run in the swarm and which reads like Hugging Face's.
+"""DistributedModelForCausalLM: a causal LM whose blocks run in the swarm, and a transformers model.
 
 The client holds the embeddings, final norm and LM head; everything between goes through inference sessions
-routed over the peers the registry lists. No Ray is needed on the client. One model object serves many threads at
-once: each generate() runs its own session unless the calling thread is inside `with model.inference_session()`.
+routed over the peers the registry lists. No Ray is needed on the client. The class is a PreTrainedModel with
+transformers' GenerationMixin: generate() is Hugging Face's own, over a cache that lives on the peers
+(swarm/client/remote_cache.py), so every decoding strategy, logits processor, stopping criterion and pipeline
+works. RaySwarm's own extensions (a multi-turn `session`, a per-call `generator`, `speculative` decoding) run its
+decoding loop (swarm/client/generate.py) instead. One model object serves many threads at once: each generate()
+runs its own session unless the calling thread is inside `with model.inference_session()`.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from swarm.client.arguments import check_session_shape, checked_input_ids
 from swarm.client.drafters import DraftModels
 from swarm.client.generate import GenerationParams, Speculation, decode_loop, speculative_decode_loop
 from swarm.client.metrics import ClientMetrics
+from swarm.client.remote_cache import SwarmCache
 from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
 from swarm.client.speculative import DraftLength
@@ -34,6 +41,11 @@ from swarm.router import Bans, MinLatencyRouter, WiringRouter
 from swarm.types import Span
 
 DEFAULT_CONTEXT_LENGTH = 8192  # for configs that do not say (peers allow this much per session by default)
+# What RaySwarm's own decoding loop takes besides its extensions; any other generate() argument is transformers'.
+LOOP_ARGUMENTS = frozenset(
+    {"max_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
+     "eos_token_id", "pad_token_id", "attention_mask"}
+)  # fmt: skip
 
 
 class ModelSession:
@@ -46,23 +58,7 @@ class ModelSession:
     def __init__(self, model: DistributedModelForCausalLM, max_length: int, batch_size: int) -> None:
         check_session_shape(max_length, batch_size, model.context_length)
         self.model, self.max_length, self.batch_size = model, max_length, batch_size
-        self.session = InferenceSession(
-            model.router,
-            model.view.peers,
-            Span(0, model.num_blocks),
-            batch_size,
-            max_length,
-            model.client_config.codec,
-            model.client_config.step_timeout_s,
-            model.client_config.max_failovers,
-            model.client_config.push,
-            model.metrics,
-            credentials=model.credentials,
-            wait_s=model.client_config.wait_for_blocks_s,
-        )
-        config = model.client_config
-        if config.verify_fraction > 0:
-            self.session.enable_verification(config.verify_fraction, config.verify_margin)
+        self.session = model.open_session(batch_size, max_length)
         self.tokens = torch.zeros(batch_size, 0, dtype=torch.long)  # every token the peers have seen
         self.pending = torch.zeros(batch_size, 0, dtype=torch.long)  # generated last turn, not fed yet
         self._busy = threading.Lock()  # held by the generate() that uses the session
@@ -129,14 +125,20 @@ class ModelSession:
             self.model._active.reset(self._entered.pop())
 
 
-class DistributedModelForCausalLM:
+class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
+    base_model_prefix = "swarm"
+    main_input_name = "input_ids"
+
     def __init__(self, path: str | Path, initial_peers: str | Sequence[str], config: ClientConfig) -> None:
         if config.credentials is None:
             raise CredentialsError(
                 "no swarm credentials: pass credentials=SwarmCredentials.load(DIR) (a private swarm's member) "
                 "or credentials=SwarmCredentials.open() (an open swarm)"
             )
-        _, self.config, block_config = open_checkpoint(path)  # a wrong path fails here, by name
+        _, hf_config, block_config = open_checkpoint(path)  # a wrong path fails here, by name
+        super().__init__(hf_config)
+        if (Path(path) / "generation_config.json").is_file():  # what a local from_pretrained would use
+            self.generation_config = GenerationConfig.from_pretrained(path)
         initial_peers = initial_peer_list(initial_peers)
         self.client_config, self.credentials = config, config.credentials
         self.num_blocks = block_config.num_layers
@@ -165,6 +167,8 @@ class DistributedModelForCausalLM:
         # worker (a threading.local would not follow), and a new thread starts without one. Made per model so
         # that two models' sessions do not shadow each other; `with` resets it, so no context keeps a session alive.
         self._active: ContextVar[ModelSession | None] = ContextVar(f"swarm_active_session_{id(self)}", default=None)
+        # The caches transformers' generate() made in this context, for generate() to close: None outside one.
+        self._opened: ContextVar[list[SwarmCache] | None] = ContextVar(f"swarm_opened_{id(self)}", default=None)
 
     @property
     def active_session(self) -> ModelSession | None:
@@ -201,12 +205,95 @@ class DistributedModelForCausalLM:
             raise InvalidArgument(unknown[0], "not a ClientConfig field (those are listed in swarm/config.py)")
         return cls(path, initial_peers, dataclasses.replace(config or ClientConfig(), **overrides))
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits [batch, seq, vocab] for input_ids [batch, seq], through forward calls (no cache);
-        differentiable with respect to the client's own parameters, as fine-tuning needs."""
-        return self.head.logits(self.blocks(self.head.embed(input_ids)))
+    def open_session(self, batch_size: int, max_length: int) -> InferenceSession:
+        """A session over every block, with this model's router, codec, timeouts and verification."""
+        config = self.client_config
+        session = InferenceSession(
+            self.router,
+            self.view.peers,
+            Span(0, self.num_blocks),
+            batch_size,
+            max_length,
+            config.codec,
+            config.step_timeout_s,
+            config.max_failovers,
+            config.push,
+            self.metrics,
+            credentials=self.credentials,
+            wait_s=config.wait_for_blocks_s,
+        )
+        if config.verify_fraction > 0:
+            session.enable_verification(config.verify_fraction, config.verify_margin)
+        return session
 
-    __call__ = forward
+    def new_cache(self, max_length: int) -> SwarmCache:
+        """A cache on the peers for `model(ids, past_key_values=cache)` step by step (as transformers' StaticCache
+        is used): up to `max_length` tokens per row, padding included. Close it (or use `with`) when done."""
+        check_session_shape(max_length, 1, self.context_length)
+        return SwarmCache(self.open_session, max_length)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: SwarmCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        """transformers' causal LM forward: logits [batch, seq, vocab] (the last `logits_to_keep` positions if > 0)
+        and, with `labels`, the mean next-token cross-entropy (-100 ignored).
+
+        With `past_key_values` (a SwarmCache) the new tokens join the peers' caches; without, the blocks run as
+        forward calls, differentiable with respect to the client's own parameters, as fine-tuning needs. Padding
+        (zeros in `attention_mask`) is left out of every row, as a local model's mask does; position ids follow
+        from the mask and other positional arguments are ignored.
+
+        Raises:
+            InvalidRequest: attentions or hidden states asked for (they stay on the peers), or a cache that is not
+                a SwarmCache.
+        """
+        if output_attentions or output_hidden_states:
+            raise InvalidRequest("attentions and hidden states of the blocks stay on the peers: they are not returned")
+        if inputs_embeds is None:
+            input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings)
+            inputs_embeds = self.head.embed(input_ids)
+        new = inputs_embeds.shape[1]
+        mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask[:, -new:].bool()
+        if isinstance(past_key_values, SwarmCache):
+            hidden = past_key_values.run(inputs_embeds, mask)
+        elif past_key_values is None:
+            hidden = self._forward_without_cache(inputs_embeds, mask)
+        else:
+            kind = type(past_key_values).__name__
+            raise InvalidRequest(f"past_key_values must be a SwarmCache (model.new_cache), got {kind}")
+        logits = self.head.logits(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        loss = None
+        if labels is not None:
+            shifted = logits[:, :-1].flatten(0, 1).float()
+            loss = torch.nn.functional.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+
+    def _forward_without_cache(self, embeds: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The blocks' outputs for embeds [batch, seq, hidden]; each distinct padding runs as its own batch of only
+        the real tokens (zeros come out where a token is padding)."""
+        if mask is None:
+            return self.blocks(embeds)
+        output = torch.zeros_like(embeds)
+        patterns: dict[tuple[bool, ...], list[int]] = {}
+        for row in range(mask.shape[0]):
+            patterns.setdefault(tuple(mask[row].tolist()), []).append(row)
+        for pattern, rows in patterns.items():
+            columns = torch.tensor(pattern).nonzero().squeeze(1)
+            if columns.numel() == 0:
+                continue
+            index = torch.tensor(rows)
+            result = self.blocks(embeds[index][:, columns])
+            output = output.index_put((index[:, None], columns[None, :]), result)
+        return output
 
     def inference_session(self, max_length: int, batch_size: int = 1) -> ModelSession:
         """`with model.inference_session(max_length=N) as s:` keeps the peers' KV caches between generate() calls;
@@ -215,63 +302,108 @@ class DistributedModelForCausalLM:
 
     def generate(
         self,
-        input_ids: torch.Tensor,
-        max_new_tokens: int = 20,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        repetition_penalty: float = 1.0,
-        eos_token_id: int | Sequence[int] | None = None,
-        pad_token_id: int | None = None,
-        streamer: Any | None = None,
-        attention_mask: torch.Tensor | None = None,
-        session: ModelSession | None = None,
-        max_length: int | None = None,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
         logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None,
         stopping_criteria: Sequence[Callable[..., Any]] | None = None,
+        streamer: Any | None = None,
+        *,
+        session: ModelSession | None = None,
         generator: torch.Generator | None = None,
         speculative: str | None = None,
         num_speculative_tokens: int | None = None,
-    ) -> torch.Tensor:
-        """Like transformers' generate: returns input_ids followed by the new tokens, [batch, n + new].
+        **kwargs: Any,
+    ) -> Any:
+        """transformers' generate, over the swarm: the same arguments (greedy, sampling, beam search, assisted
+        decoding; every logits processor and stopping criterion; `generation_config`, `min_new_tokens`,
+        `return_dict_in_generate` with scores and logits, streamers, left-padded batches with an attention mask)
+        and the same results. Returns input_ids followed by the new tokens, [batch, n + new], or transformers'
+        output object when `return_dict_in_generate`.
 
-        `logits_processor` and `stopping_criteria` take Hugging Face's lists (LogitsProcessorList,
-        StoppingCriteriaList) or any callables of that signature. `generator` (not in Hugging Face) draws the
-        samples: a seeded torch.Generator gives the same text for the same seed, whatever other threads do.
+        RaySwarm's extensions run its own decoding loop, which takes the arguments in LOOP_ARGUMENTS plus the
+        first four: `session` (or the calling thread's `with model.inference_session()`) continues that
+        conversation; `generator` (a seeded torch.Generator) draws the samples, so a seed gives the same text
+        whatever other threads do; `speculative` ("prompt_lookup", "draft:PATH"; "" for none; None:
+        ClientConfig.speculative) drafts up to `num_speculative_tokens` tokens on the client and verifies them in
+        one step through the swarm: the same tokens as without it when greedy, the same distribution when
+        sampling, in fewer round trips. `speculation_stats()` counts drafted and accepted tokens.
 
-        `speculative` ("prompt_lookup", "draft:PATH"; "" for none; None: ClientConfig.speculative) drafts up to
-        `num_speculative_tokens` tokens (None: ClientConfig's) on the client and verifies them in one step through
-        the swarm: the same tokens as without it when greedy, the same distribution when sampling, in fewer round
-        trips. `speculation_stats()` counts drafted and accepted tokens.
-
-        Thread-safe: concurrent calls on one model each run their own session, except that `session` (or the
-        calling thread's `with model.inference_session()`) continues that conversation.
+        Thread-safe: concurrent calls on one model each run their own sessions.
 
         Raises:
-            InvalidRequest: padded batches (attention_mask with zeros), arguments out of range, or a session that
-                another thread is generating in.
-            InvalidArgument: an unknown `speculative` kind, a draft path that is no checkpoint, or
-                `num_speculative_tokens` out of [1, 32].
+            InvalidArgument: bad input ids or sampling arguments, an unknown `speculative` kind, a draft path that
+                is no checkpoint, or `num_speculative_tokens` out of [1, 32].
+            InvalidRequest: an argument RaySwarm's loop does not take alongside one of its extensions, padding with
+                an extension, or a session that another thread is generating in.
         """
+        input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings)
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise InvalidRequest("padded batches are not supported yet: pass sequences of equal length")
-        params = self._params(
-            max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos_token_id, pad_token_id
-        )
+        params = self._params(input_ids.shape[1], generation_config, kwargs)
         speculation = self._speculation(speculative, num_speculative_tokens)
+        if session is None and self.active_session is None and generator is None and not speculation[0]:
+            return self._generate_with_transformers(
+                input_ids, generation_config, logits_processor, stopping_criteria, streamer, kwargs
+            )
+        unknown = sorted(set(kwargs) - LOOP_ARGUMENTS)
+        if unknown:
+            raise InvalidRequest(
+                f"{unknown[0]} is not taken together with session, generator or speculative (RaySwarm's own "
+                f"decoding loop takes {sorted(LOOP_ARGUMENTS)}): leave those out to use transformers' generate"
+            )
+        mask = kwargs.get("attention_mask")
+        if mask is not None and not bool(mask.all()):
+            raise InvalidRequest("padded batches are not taken with session, generator or speculative: leave them out")
         if streamer is not None:
             streamer.put(input_ids)
-        length = max_length or input_ids.shape[1] + max_new_tokens
         try:
-            with self._session_for(session, input_ids.shape[0], length) as turn:
+            with self._session_for(session, input_ids.shape[0], input_ids.shape[1] + params.max_new_tokens) as turn:
                 extras = (logits_processor or (), stopping_criteria or (), generator)
                 new = self._decode(turn, input_ids, params, streamer, speculation, *extras)
         finally:
             if streamer is not None:
                 streamer.end()
         return torch.cat([input_ids, new], dim=1)
+
+    def _generate_with_transformers(
+        self,
+        input_ids: torch.Tensor,
+        generation_config: GenerationConfig | None,
+        logits_processor: Any,
+        stopping_criteria: Any,
+        streamer: Any,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """GenerationMixin.generate with a SwarmCache (made by _prepare_cache_for_generation), closed afterwards."""
+        opened: list[SwarmCache] = []
+        token = self._opened.set(opened)
+        try:
+            return GenerationMixin.generate(
+                self,
+                input_ids,
+                generation_config=generation_config,
+                logits_processor=logits_processor,
+                stopping_criteria=stopping_criteria,
+                streamer=streamer,
+                **kwargs,
+            )
+        finally:
+            self._opened.reset(token)
+            for cache in opened:
+                cache.close()
+
+    def _prepare_cache_for_generation(
+        self, generation_config: GenerationConfig, model_kwargs: dict, generation_mode: Any, batch_size: int,
+        max_cache_length: int,
+    ) -> None:  # fmt: skip
+        """transformers' hook for the cache of a generate() call: a SwarmCache, unless the caller passed a cache or
+        use_cache=False (then every step runs the whole sequence as forward calls)."""
+        if model_kwargs.get("past_key_values") is not None or generation_config.use_cache is False:
+            return
+        cache = SwarmCache(self.open_session, max_cache_length)
+        opened = self._opened.get()
+        if opened is not None:
+            opened.append(cache)
+        model_kwargs["past_key_values"] = cache
 
     @contextmanager
     def _session_for(self, session: ModelSession | None, batch_size: int, max_length: int) -> Iterator[ModelSession]:
@@ -335,13 +467,34 @@ class DistributedModelForCausalLM:
         """Speculative decoding so far on this model: drafted and accepted tokens and their ratio."""
         return self.metrics.speculation()
 
-    def _params(self, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos, pad):
-        eos = self.config.eos_token_id if eos is None else eos
+    def _params(self, prompt: int, generation_config: GenerationConfig | None, kwargs: dict[str, Any]):
+        """The sampling arguments of a generate() call, as transformers resolves them (the call's, else
+        `generation_config`'s, else the model's), checked: a bad value is an InvalidArgument before anything runs.
+        Unset max_new_tokens follows max_length, as in transformers."""
+        config = generation_config or self.generation_config
+
+        def value(name: str) -> Any:
+            return kwargs[name] if kwargs.get(name) is not None else getattr(config, name, None)
+
+        max_new = value("max_new_tokens")
+        if max_new is None:
+            max_new = max((value("max_length") or 20) - prompt, 0)
+        eos = value("eos_token_id")
         eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, Sequence) else (int(eos),))
-        pad = pad if pad is not None else (self.config.pad_token_id if self.config.pad_token_id is not None else 0)
-        return GenerationParams(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, eos_ids, pad)
+        pad = value("pad_token_id")
+        return GenerationParams(
+            max_new,
+            bool(value("do_sample")),
+            1.0 if value("temperature") is None else value("temperature"),
+            value("top_k") or 0,
+            1.0 if value("top_p") is None else value("top_p"),
+            1.0 if value("repetition_penalty") is None else value("repetition_penalty"),
+            eos_ids,
+            pad if pad is not None else (eos_ids[0] if eos_ids else 0),
+        )
 
     def close(self) -> None:
+        """Leave the swarm: the DHT node, the view's refresh thread, the metrics server and the channels."""
         self.blocks.close()
         self.view.close()
         self.registry.shutdown()

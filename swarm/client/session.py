@@ -117,15 +117,20 @@ class InferenceSession:
     def _stream(self, hop: Hop) -> SpanSession:
         return SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s, self.credentials)
 
-    def step(self, hidden: torch.Tensor) -> torch.Tensor:
+    def step(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor:
         """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last output.
 
         With push, the client sends the step to the first hop only, and each peer forwards its output to the next;
         the client still reads every hop's output (it is the next hop's replay history) and sends a step itself
-        where a push did not happen.
+        where a push did not happen. With `hypo_ids` (beam search), row i first continues from row hypo_ids[i]:
+        every hop reorders its cache, and the replay history is reordered alike.
+
+        Raises:
+            InvalidArgument: `hypo_ids` does not name one row of the batch per row.
         """
+        hypo = self._checked_hypo_ids(hypo_ids)
         step_id, started = self._next_step_id(), time.perf_counter()
-        verify = self._verifier is not None and self._verifier.wants()
+        verify = self._verifier is not None and self._verifier.wants() and not hypo
         index, must_send, tokens = 0, True, hidden.shape[1]
         staged: list[tuple[_HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
         since = time.monotonic()  # when the hop got its input: sent now, or pushed when the previous answer came
@@ -133,8 +138,10 @@ class InferenceSession:
             state = self._hops[index]
             try:
                 if must_send:
-                    push_to = [] if verify else self._push_targets(index + 1)
-                    state.session.send(hidden, self.position, step_id, push_to)
+                    # A reordering step is not pushed: after a failover, the peers past the failed one must not see
+                    # it twice (a reorder is not idempotent), and without push they see it only once it is answered.
+                    push_to = [] if verify or hypo else self._push_targets(index + 1)
+                    state.session.send(hidden, self.position, step_id, push_to, hypo)
                 waited = time.monotonic() - since
                 late_after, patience = state.pace.deadline_s(tokens) - waited, self.step_timeout_s - waited
                 output, pushed = state.session.receive(step_id, hidden, max(late_after, 0.0), max(patience, 0.0))
@@ -153,10 +160,24 @@ class InferenceSession:
             self.router.bans.forgive(state.hop.peer_id)
             hidden, index, must_send, since = output, index + 1, not pushed, time.monotonic()
         for state, inputs in staged:
+            if hypo:
+                state.inputs = [piece[list(hypo)] for piece in state.inputs]
             state.inputs.append(inputs)
+        if hypo and self._verifier is not None:  # the shadows' caches follow the old rows: they start over
+            for state in self._hops:
+                self._verifier.forget(state.hop)
         self.position += hidden.shape[1]
         self.metrics.step_latency.observe(time.perf_counter() - started)
         return hidden
+
+    def _checked_hypo_ids(self, hypo_ids: Sequence[int] | None) -> tuple[int, ...]:
+        """hypo_ids as sent: () when absent or the identity (nothing moves)."""
+        if hypo_ids is None:
+            return ()
+        hypo = tuple(int(h) for h in hypo_ids)
+        if len(hypo) != self.batch_size or not all(0 <= h < self.batch_size for h in hypo):
+            raise InvalidArgument("hypo_ids", f"must name one of the {self.batch_size} rows per row, got {list(hypo)}")
+        return () if hypo == tuple(range(self.batch_size)) else hypo
 
     def rollback(self, position: int) -> None:
         """Forget every token from `position` on (rejected speculative drafts). No message is sent: the next step's

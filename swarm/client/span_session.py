@@ -74,10 +74,20 @@ class SpanSession:
             self._responses.put(error)
         self._responses.put(_CLOSED)
 
-    def send(self, hidden: torch.Tensor, position: int, step_id: int, push_to: Sequence[pb.PushTarget] = ()) -> None:
-        """Send new tokens' hidden states [batch, new_tokens, hidden] at `position` as step `step_id`."""
+    def send(
+        self,
+        hidden: torch.Tensor,
+        position: int,
+        step_id: int,
+        push_to: Sequence[pb.PushTarget] = (),
+        hypo_ids: Sequence[int] = (),
+    ) -> None:
+        """Send new tokens' hidden states [batch, new_tokens, hidden] at `position` as step `step_id`; with
+        `hypo_ids` (beam search), row i first continues from row hypo_ids[i]'s cache."""
         for chunk in split(encode(hidden, self.codec), MAX_MESSAGE_BYTES):
-            step = pb.InferenceStep(step_id=step_id, position=position, hidden_states=chunk, push_to=push_to)
+            step = pb.InferenceStep(
+                step_id=step_id, position=position, hidden_states=chunk, push_to=push_to, hypo_ids=hypo_ids
+            )
             self._requests.put(pb.InferenceRequest(step=step))
 
     def receive(

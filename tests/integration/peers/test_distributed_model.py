@@ -132,7 +132,7 @@ def test_8bit_activations_keep_next_token_agreement_and_perplexity(smollm2_path:
     eight_bit = DistributedModelForCausalLM.from_pretrained(smollm2_path, bootstrap.addresses, credentials=OPEN)
     try:
         with torch.inference_mode():
-            remote = eight_bit(input_ids)[0]
+            remote = eight_bit(input_ids).logits[0]
             local = hf_model(input_ids).logits[0]
     finally:
         eight_bit.close()

@@ -292,3 +292,29 @@ def test_training_work_waits_while_steps_are_ready_and_a_failing_task_fails_alon
     finally:
         gate.opened.set()
         engine.shutdown(5)
+
+
+def test_beam_reorders_fork_and_drop_rows_like_each_rows_own_history(engine: Engine, tiny_span: BlockSpan) -> None:
+    """hypo_ids (beam search): row i continues from row hypo_ids[i]. Each row then equals its lineage's inputs run
+    alone, forked rows own copies of their pages (later tokens do not leak between them), dropped rows' pages go
+    back."""
+    generator = torch.Generator().manual_seed(3)
+    rows, prompt = 4, 20  # the prompt spans two pages: forks copy a full page and a partial one
+    first = torch.randn(rows, prompt, HIDDEN, generator=generator)
+    engine.open("beams", range(0, 4), rows, max_length=64)
+    engine.step("beams", first, 0).result(10)
+    lineage = [first[i : i + 1] for i in range(rows)]  # every input each row's cache was built from
+    position = prompt
+    for hypo_ids in ([0, 0, 2, 2], [1, 1, 1, 3], [3, 2, 1, 0], [0, 1, 2, 3], [2, 2, 2, 2]):
+        new = torch.randn(rows, 2, HIDDEN, generator=generator)
+        got = engine.step("beams", new, position, hypo_ids).result(10)
+        lineage = [torch.cat([lineage[source], new[row : row + 1]], dim=1) for row, source in enumerate(hypo_ids)]
+        for row in range(rows):
+            expected = alone(tiny_span, [(lineage[row], 0)])[0][:, -2:]
+            assert (got[row : row + 1] - expected).abs().max() < 1e-5, (hypo_ids, row)
+        position += 2
+        assert engine.pool.pages_used == rows * engine.pool.shape.pages_for(position)  # no page leaked
+    with pytest.raises(InvalidRequest, match="hypo_ids"):
+        engine.step("beams", torch.randn(rows, 1, HIDDEN), position, [0, 1, 4, 0])
+    engine.close("beams")
+    assert engine.pool.pages_used == 0
