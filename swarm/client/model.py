@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.generation.utils import GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from swarm.client.arguments import check_session_shape, checked_input_ids
@@ -41,6 +42,7 @@ from swarm.router import Bans, MinLatencyRouter, WiringRouter
 from swarm.types import Span
 
 DEFAULT_CONTEXT_LENGTH = 8192  # for configs that do not say (peers allow this much per session by default)
+ASSISTED_MARGIN = 64  # cache room past max_length for assisted decoding's candidates (transformers' default: 20)
 # What RaySwarm's own decoding loop takes besides its extensions; any other generate() argument is transformers'.
 LOOP_ARGUMENTS = frozenset(
     {"max_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
@@ -399,7 +401,9 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         use_cache=False (then every step runs the whole sequence as forward calls)."""
         if model_kwargs.get("past_key_values") is not None or generation_config.use_cache is False:
             return
-        cache = SwarmCache(self.open_session, max_cache_length)
+        if generation_mode == GenerationMode.ASSISTED_GENERATION:  # the last candidates may run past max_length
+            max_cache_length += ASSISTED_MARGIN
+        cache = SwarmCache(self.open_session, min(max_cache_length, self.context_length))
         opened = self._opened.get()
         if opened is not None:
             opened.append(cache)
