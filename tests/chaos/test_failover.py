@@ -182,14 +182,7 @@ def run_trials(
 
 
 def test_sigkill_of_a_random_peer_at_a_random_step(model, cluster, prompt_and_expected) -> None:
-    def strike(peer_id: str) -> None:
-        os.kill(cluster.peers[cluster.slot_of(peer_id)].actor_pid, signal.SIGKILL)
-
-    def recover(slot: str) -> None:  # Ray restarts the actor and the daemon says so
-        pid = cluster.peers[slot].daemon.wait_for(r"stage actor restarted by Ray .*pid (\d+)", 120).group(1)
-        cluster.peers[slot].actor_pid = int(pid)
-
-    run_trials(model, cluster, prompt_and_expected, strike, recover)
+    run_trials(model, cluster, prompt_and_expected, _kill(cluster), lambda slot: _restarted_by_ray(cluster, slot))
 
 
 def test_sigterm_of_a_random_peer_at_a_random_step(model, cluster, prompt_and_expected) -> None:
@@ -219,3 +212,48 @@ def test_a_peer_that_stops_answering_at_a_random_step(model, cluster, prompt_and
     stalls = run_trials(model, cluster, prompt_and_expected, strike, recover)
     print(f"longest wait for a token after freezing a peer, per trial: {[round(s, 2) for s in stalls]} s")
     assert max(stalls) < FROZEN_STALL_S, f"stalls after freezing a peer: {[round(s, 2) for s in stalls]}"
+
+
+class StrikeAtStep:
+    """A stopping criterion that never stops: at the chosen step of a beam search (where transformers allows no
+    streamer) it strikes one peer of the cache's route."""
+
+    def __init__(self, cache, step: int, strike, rng: random.Random) -> None:
+        self.cache, self.step, self.strike, self.rng = cache, step, strike, rng
+        self.count, self.struck = 0, None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.count += 1
+        if self.count == self.step:
+            self.struck = self.rng.choice(self.cache.sessions[0].route).peer_id
+            self.strike(self.struck)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_sigkill_of_a_peer_in_the_middle_of_a_beam_search(model, cluster, prompt_and_expected) -> None:
+    """The peers' caches follow the beams (hypo_ids); the replacement of a killed peer rebuilds them from the
+    reordered replay history, so the beams come out as without the kill."""
+    input_ids, _ = prompt_and_expected
+    beams = {"max_new_tokens": NEW_TOKENS, "num_beams": 4, "num_return_sequences": 4, "eos_token_id": []}
+    expected = model.generate(input_ids, **beams)
+    rng = random.Random(99)
+    for trial in range(2):
+        with model.new_cache(max_length=input_ids.shape[1] + NEW_TOKENS) as cache:
+            strike = StrikeAtStep(cache, rng.randrange(2, NEW_TOKENS - 1), _kill(cluster), rng)
+            output = model.generate(input_ids, past_key_values=cache, stopping_criteria=[strike], **beams)
+            failovers = cache.sessions[0].failovers
+        assert strike.struck is not None, f"trial {trial}: nothing was struck"
+        assert torch.equal(output, expected), f"trial {trial}: killing {strike.struck} mid-beam changed the beams"
+        assert failovers >= 1, f"trial {trial}: the session never moved off {strike.struck}"
+        _restarted_by_ray(cluster, cluster.slot_of(strike.struck))
+        cluster.wait_all_online()
+
+
+def _kill(cluster: Cluster):
+    return lambda peer_id: os.kill(cluster.peers[cluster.slot_of(peer_id)].actor_pid, signal.SIGKILL)
+
+
+def _restarted_by_ray(cluster: Cluster, slot: str) -> None:
+    """Wait for Ray to restart a killed peer's actor (the daemon says so) and note its new pid."""
+    pid = cluster.peers[slot].daemon.wait_for(r"stage actor restarted by Ray .*pid (\d+)", 120).group(1)
+    cluster.peers[slot].actor_pid = int(pid)

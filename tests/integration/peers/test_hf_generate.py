@@ -212,6 +212,5 @@ def test_the_text_generation_pipeline_reads_as_the_local_one(model, local, token
 def test_arguments_rayswarms_loop_does_not_take_are_refused_with_its_extensions(model, prompt) -> None:
     with pytest.raises(InvalidRequest, match="num_beams"):
         model.generate(prompt, num_beams=2, generator=torch.Generator().manual_seed(0))
-    with model.inference_session(max_length=32):
-        with pytest.raises(InvalidRequest, match="padded"):
-            model.generate(prompt, attention_mask=torch.zeros_like(prompt).index_fill(1, torch.tensor([3]), 1))
+    with model.inference_session(max_length=32), pytest.raises(InvalidRequest, match="padded"):
+        model.generate(prompt, attention_mask=torch.zeros_like(prompt).index_fill(1, torch.tensor([3]), 1))
