@@ -134,10 +134,11 @@ class Pusher:
 
     async def send(self, ran: pb.InferenceStep, output: pb.Tensor) -> bool:
         """Push `output`, the answer to the step `ran`, to the first of its push targets (the rest ride along, and
-        so do its hypo_ids); called on the serving loop, the call runs on a push thread. False (the client then sends the step itself) when there is no target, the output is too big
-        for one message, or the push failed within PUSH_ANSWER_WAIT_S. A push still under way by then counts as
-        sent and goes on in the background: a slow target still gets it, and a frozen one is the client's to find
-        late (swarm/client/pace.py), rather than a reason to hold this peer's own answer back."""
+        so do its hypo_ids); called on the serving loop, the call runs on a push thread. False (the client then sends
+        the step itself) when there is no target, the output is too big for one message, or the push failed within
+        PUSH_ANSWER_WAIT_S. A push still under way by then counts as sent and goes on in the background: a slow
+        target still gets it, and a frozen one is the client's to find late (swarm/client/pace.py), rather than a
+        reason to hold this peer's own answer back."""
         targets = list(ran.push_to)
         if not targets or output.ByteSize() > self.max_message_bytes - 4096:
             return False
