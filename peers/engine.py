@@ -15,11 +15,12 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from peers.engine_state import EngineSession, Step, admission_order
 from peers.kv_cache import Sequence, copies_needed, reorder
 from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner, Piece
@@ -39,36 +40,6 @@ class EngineConfig:
     session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
 
 
-@dataclass(slots=True, eq=False)
-class _Step:
-    session: _Session
-    hidden: torch.Tensor  # [batch, tokens, hidden]
-    position: int
-    hypo_ids: list[int] | None = None  # beam search: rows' sources, applied when the step is first planned
-    future: Future = field(default_factory=Future)
-    done: int = 0  # tokens per sequence already run
-    outputs: list[torch.Tensor] = field(default_factory=list)  # [batch, chunk, hidden] each
-
-    @property
-    def remaining(self) -> int:
-        return self.hidden.shape[1] - self.done
-
-
-@dataclass(slots=True, eq=False)
-class _Session:
-    session_id: str
-    blocks: range
-    max_length: int
-    sequences: list[Sequence]
-    last_used: float
-    admitted: int | None = None  # admission order, given by its first step; None until then
-    pending: _Step | None = None
-
-    @property
-    def length(self) -> int:
-        return self.sequences[0].length
-
-
 class Engine:
     """Sessions, their pages and the loop. Thread-safe: the service calls it from many RPC threads."""
 
@@ -83,7 +54,7 @@ class Engine:
         self.runner, self.pool, self.config, self.metrics, self.clock = runner, runner.pool, config, metrics, clock
         self._handlers = dict(handlers)
         self._tasks = TaskQueue(config.max_batch_tokens)
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, EngineSession] = {}
         self._admissions = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
@@ -130,7 +101,7 @@ class Engine:
             if session_id in self._sessions:
                 raise InvalidRequest(f"session {session_id!r} is already open on this peer")
             sequences = [Sequence() for _ in range(batch_size)]
-            self._sessions[session_id] = _Session(session_id, blocks, max_length, sequences, self.clock())
+            self._sessions[session_id] = EngineSession(session_id, blocks, max_length, sequences, self.clock())
 
     def step(self, session_id: str, hidden: torch.Tensor, position: int, hypo_ids: list[int] | None = None) -> Future:
         """Queue new tokens' hidden states [batch, tokens, hidden] at `position` (below the session's length: roll
@@ -159,7 +130,7 @@ class Engine:
                 raise InvalidRequest(f"hypo_ids must name one of the session's {rows} rows per row, got {hypo_ids}")
             for sequence in session.sequences:
                 sequence.truncate(self.pool, position)
-            session.pending = _Step(session, hidden, position, hypo_ids)
+            session.pending = Step(session, hidden, position, hypo_ids)
             session.last_used = self.clock()
             self._cond.notify()
             return session.pending.future
@@ -191,7 +162,7 @@ class Engine:
 
     # ---- the loop ----
 
-    def _session(self, session_id: str) -> _Session:
+    def _session(self, session_id: str) -> EngineSession:
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFound(f"session {session_id!r} is not open on this peer")
@@ -229,14 +200,14 @@ class Engine:
     def _plan(self) -> tuple[list[Chunk], list[tuple[str, SwarmError]]]:
         """This iteration's chunks, with pages taken for them. Under the lock."""
         ready = [
-            Ready(s.pending, len(s.sequences), s.pending.remaining, _admission(s))
+            Ready(s.pending, len(s.sequences), s.pending.remaining, admission_order(s))
             for s in self._sessions.values()
             if s.pending is not None
         ]
         chunks = plan_iteration(ready, self.config.max_batch_tokens)
         planned, lost = [], []
         # Pages go to the oldest sessions first: when they run out, the newest give theirs back.
-        chunks.sort(key=lambda c: _admission(c.key.session))
+        chunks.sort(key=lambda c: admission_order(c.key.session))
         for chunk in chunks:
             step = chunk.key
             session = step.session
@@ -263,7 +234,7 @@ class Engine:
             planned.append(chunk)
         return planned, lost
 
-    def _fork_beams(self, step: _Step) -> list[tuple[str, SwarmError]]:
+    def _fork_beams(self, step: Step) -> list[tuple[str, SwarmError]]:
         """Reorder the session's rows as the step's hypo_ids say, preempting newer sessions for the pages that
         forked beams copy. Here, in the loop, rather than in step(): pages are taken and zeroed only by the loop."""
         session, hypo_ids = step.session, step.hypo_ids
@@ -289,12 +260,14 @@ class Engine:
             if sequence.length and sequence.length == len(sequence.pages) * page
         )
 
-    def _preempt_for(self, session: _Session, needed: int) -> list[tuple[str, SwarmError]]:
+    def _preempt_for(self, session: EngineSession, needed: int) -> list[tuple[str, SwarmError]]:
         """Preempt the sessions admitted after `session`, newest first, then `session` itself, until `needed` pages
         are free."""
         victims: list[tuple[str, SwarmError]] = []
         candidates = sorted(
-            (s for s in self._sessions.values() if _admission(s) > _admission(session)), key=_admission, reverse=True
+            (s for s in self._sessions.values() if admission_order(s) > admission_order(session)),
+            key=admission_order,
+            reverse=True,
         )
         for victim in [*candidates, session]:
             if needed <= self.pool.pages_free:
@@ -309,21 +282,21 @@ class Engine:
                 self.metrics.preemptions.inc()
         return victims
 
-    def _refuse(self, session: _Session, needed: int) -> tuple[str, SwarmError]:
+    def _refuse(self, session: EngineSession, needed: int) -> tuple[str, SwarmError]:
         error = Overloaded(
             f"KV cache is full: the session's first step needs {needed} pages, {self.pool.pages_free} of "
             f"{self.pool.pages_total} are free (some are kept for running sessions to grow)"
         )
         return self._drop(session, error)
 
-    def _drop(self, session: _Session, error: SwarmError) -> tuple[str, SwarmError]:
+    def _drop(self, session: EngineSession, error: SwarmError) -> tuple[str, SwarmError]:
         """Forget `session`, give its pages back and fail its pending step with `error`. Under the lock; the
         (id, error) pair returned is for `on_lost`, which the loop calls once the lock is let go."""
         del self._sessions[session.session_id]
         self._release(session, error)
         return session.session_id, error
 
-    def _release(self, session: _Session, error: SwarmError) -> None:
+    def _release(self, session: EngineSession, error: SwarmError) -> None:
         for sequence in session.sequences:
             sequence.release(self.pool)
         step, session.pending = session.pending, None
@@ -410,8 +383,3 @@ class Engine:
         """Timings that are announced must include the GPU's work, not only the kernel launches."""
         if self.runner.span.device.type == "cuda":
             torch.cuda.synchronize(self.runner.span.device)
-
-
-def _admission(session: _Session) -> float:
-    """Sessions not admitted yet sort after every admitted one."""
-    return session.admitted if session.admitted is not None else float("inf")

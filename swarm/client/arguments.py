@@ -7,9 +7,17 @@ checks the sampling arguments itself (generate.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from swarm.errors import InvalidArgument
+from swarm.errors import InvalidArgument, InvalidRequest
+
+# What RaySwarm's own decoding loop takes besides its extensions; any other generate() argument is transformers'.
+LOOP_ARGUMENTS = frozenset(
+    {"max_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
+     "eos_token_id", "pad_token_id", "attention_mask"}
+)  # fmt: skip
 
 
 def checked_input_ids(input_ids: object, vocab_size: int, argument: str = "input_ids") -> torch.Tensor:
@@ -42,3 +50,16 @@ def check_session_shape(max_length: object, batch_size: object, context_length: 
         )
     if batch_size < 1:  # type: ignore[operator]
         raise InvalidArgument("batch_size", f"must be >= 1, got {batch_size}")
+
+
+def check_loop_arguments(kwargs: dict[str, Any]) -> None:
+    """RaySwarm's decoding loop takes LOOP_ARGUMENTS and no padding; anything else is refused by name."""
+    unknown = sorted(set(kwargs) - LOOP_ARGUMENTS)
+    if unknown:
+        raise InvalidRequest(
+            f"{unknown[0]} is not taken together with session, generator or speculative (RaySwarm's own "
+            f"decoding loop takes {sorted(LOOP_ARGUMENTS)}): leave those out to use transformers' generate"
+        )
+    mask = kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise InvalidRequest("padded batches are not taken with session, generator or speculative: leave them out")

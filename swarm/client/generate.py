@@ -67,6 +67,32 @@ def logits_processors(
     return processors
 
 
+def resolved_params(prompt: int, config: Any, kwargs: dict[str, Any]) -> GenerationParams:
+    """The sampling arguments of a generate() call as transformers resolves them: the call's (`kwargs`), else the
+    generation config's; checked, so a bad value is an InvalidArgument before anything runs. An unset
+    max_new_tokens follows max_length (20 by default), counted from the `prompt`'s length, as in transformers."""
+
+    def value(name: str) -> Any:
+        return kwargs[name] if kwargs.get(name) is not None else getattr(config, name, None)
+
+    max_new = value("max_new_tokens")
+    if max_new is None:
+        max_new = max((value("max_length") or 20) - prompt, 0)
+    eos = value("eos_token_id")
+    eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, Sequence) else (int(eos),))
+    pad = value("pad_token_id")
+    return GenerationParams(
+        max_new,
+        bool(value("do_sample")),
+        1.0 if value("temperature") is None else value("temperature"),
+        value("top_k") or 0,
+        1.0 if value("top_p") is None else value("top_p"),
+        1.0 if value("repetition_penalty") is None else value("repetition_penalty"),
+        eos_ids,
+        pad if pad is not None else (eos_ids[0] if eos_ids else 0),
+    )
+
+
 @torch.inference_mode()
 def decode_loop(
     step: Callable[[torch.Tensor], torch.Tensor],

@@ -12,10 +12,9 @@ runs its own session unless the calling thread is inside `with model.inference_s
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +23,12 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.utils import GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from swarm.client.arguments import check_session_shape, checked_input_ids
+from swarm.client.arguments import check_loop_arguments, check_session_shape, checked_input_ids
 from swarm.client.drafters import DraftModels
-from swarm.client.generate import GenerationParams, Speculation, decode_loop, speculative_decode_loop
+from swarm.client.generate import GenerationParams, Speculation, decode_loop, resolved_params, speculative_decode_loop
 from swarm.client.metrics import ClientMetrics
-from swarm.client.remote_cache import SwarmCache
+from swarm.client.model_session import ModelSession
+from swarm.client.remote_cache import SwarmCache, rows_by_padding
 from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
 from swarm.client.speculative import DraftLength
@@ -43,88 +43,6 @@ from swarm.types import Span
 
 DEFAULT_CONTEXT_LENGTH = 8192  # for configs that do not say (peers allow this much per session by default)
 ASSISTED_MARGIN = 64  # cache room past max_length for assisted decoding's candidates (transformers' default: 20)
-# What RaySwarm's own decoding loop takes besides its extensions; any other generate() argument is transformers'.
-LOOP_ARGUMENTS = frozenset(
-    {"max_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
-     "eos_token_id", "pad_token_id", "attention_mask"}
-)  # fmt: skip
-
-
-class ModelSession:
-    """A multi-turn session: the KV caches on the peers and the tokens they hold. Made by inference_session().
-
-    A session is one conversation: one generate() at a time uses it (a second one, from another thread, raises
-    InvalidRequest rather than interleaving tokens into the same caches).
-    """
-
-    def __init__(self, model: DistributedModelForCausalLM, max_length: int, batch_size: int) -> None:
-        check_session_shape(max_length, batch_size, model.context_length)
-        self.model, self.max_length, self.batch_size = model, max_length, batch_size
-        self.session = model.open_session(batch_size, max_length)
-        self.tokens = torch.zeros(batch_size, 0, dtype=torch.long)  # every token the peers have seen
-        self.pending = torch.zeros(batch_size, 0, dtype=torch.long)  # generated last turn, not fed yet
-        self._busy = threading.Lock()  # held by the generate() that uses the session
-        self._entered: list[Token[ModelSession | None]] = []  # one per `with`, to restore the outer active session
-        self._closed = False
-
-    @property
-    def position(self) -> int:
-        return self.session.position
-
-    def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """Append ids [batch, n] to the session; returns the logits [batch, vocab] that follow the last one."""
-        return self.model.head.logits(self._append(ids)[:, -1])
-
-    def last_logits(self, ids: torch.Tensor, count: int) -> torch.Tensor:
-        """Append ids [batch, n] to the session; returns the logits [batch, count, vocab] after each of its last
-        `count` ids (not all n: the LM head over a long prompt costs as much as a few decoding steps)."""
-        return self.model.head.logits(self._append(ids)[:, -count:])
-
-    def forget(self, count: int) -> None:
-        """Roll the session back by its last `count` tokens (rejected drafts); the next step truncates the peers."""
-        if count:
-            self.session.rollback(self.position - count)
-            self.tokens = self.tokens[:, : self.position]
-
-    def _append(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.position + ids.shape[1] > self.max_length:
-            raise InvalidRequest(
-                f"{self.position + ids.shape[1]} tokens exceed the session's max_length {self.max_length}"
-            )
-        hidden = self.session.step(self.model.head.embed(ids))
-        self.tokens = torch.cat([self.tokens, ids], dim=1)
-        return hidden
-
-    @contextmanager
-    def turn(self) -> Iterator[ModelSession]:
-        """Hold the session for one generate() call.
-
-        Raises:
-            InvalidRequest: another thread is generating in this session now.
-        """
-        if not self._busy.acquire(blocking=False):
-            raise InvalidRequest("this session is generating in another thread: give each thread its own session")
-        try:
-            yield self
-        finally:
-            self._busy.release()
-
-    def close(self) -> None:
-        if not self._closed:  # the route's load is released once, whatever calls close()
-            self._closed = True
-            self.session.close()
-        if self.model.active_session is self:
-            self.model.active_session = None
-
-    def __enter__(self) -> ModelSession:
-        self._entered.append(self.model._active.set(self))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.close()
-        finally:
-            self.model._active.reset(self._entered.pop())
 
 
 class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
@@ -285,16 +203,11 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         if mask is None:
             return self.blocks(embeds)
         output = torch.zeros_like(embeds)
-        patterns: dict[tuple[bool, ...], list[int]] = {}
-        for row in range(mask.shape[0]):
-            patterns.setdefault(tuple(mask[row].tolist()), []).append(row)
-        for pattern, rows in patterns.items():
-            columns = torch.tensor(pattern).nonzero().squeeze(1)
-            if columns.numel() == 0:
-                continue
-            index = torch.tensor(rows)
-            result = self.blocks(embeds[index][:, columns])
-            output = output.index_put((index[:, None], columns[None, :]), result)
+        for rows in rows_by_padding(mask):
+            index, columns = torch.tensor(rows), mask[rows[0]].nonzero().squeeze(1)
+            if columns.numel():
+                result = self.blocks(embeds[index][:, columns])
+                output = output.index_put((index[:, None], columns[None, :]), result)
         return output
 
     def inference_session(self, max_length: int, batch_size: int = 1) -> ModelSession:
@@ -322,7 +235,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         and the same results. Returns input_ids followed by the new tokens, [batch, n + new], or transformers'
         output object when `return_dict_in_generate`.
 
-        RaySwarm's extensions run its own decoding loop, which takes the arguments in LOOP_ARGUMENTS plus the
+        RaySwarm's extensions run its own decoding loop, which takes the arguments in arguments.LOOP_ARGUMENTS plus the
         first four: `session` (or the calling thread's `with model.inference_session()`) continues that
         conversation; `generator` (a seeded torch.Generator) draws the samples, so a seed gives the same text
         whatever other threads do; `speculative` ("prompt_lookup", "draft:PATH"; "" for none; None:
@@ -340,21 +253,13 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         """
         input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings)
-        params = self._params(input_ids.shape[1], generation_config, kwargs)
+        params = resolved_params(input_ids.shape[1], generation_config or self.generation_config, kwargs)
         speculation = self._speculation(speculative, num_speculative_tokens)
         if session is None and self.active_session is None and generator is None and not speculation[0]:
             return self._generate_with_transformers(
                 input_ids, generation_config, logits_processor, stopping_criteria, streamer, kwargs
             )
-        unknown = sorted(set(kwargs) - LOOP_ARGUMENTS)
-        if unknown:
-            raise InvalidRequest(
-                f"{unknown[0]} is not taken together with session, generator or speculative (RaySwarm's own "
-                f"decoding loop takes {sorted(LOOP_ARGUMENTS)}): leave those out to use transformers' generate"
-            )
-        mask = kwargs.get("attention_mask")
-        if mask is not None and not bool(mask.all()):
-            raise InvalidRequest("padded batches are not taken with session, generator or speculative: leave them out")
+        check_loop_arguments(kwargs)
         if streamer is not None:
             streamer.put(input_ids)
         try:
@@ -470,32 +375,6 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
     def speculation_stats(self) -> dict[str, float]:
         """Speculative decoding so far on this model: drafted and accepted tokens and their ratio."""
         return self.metrics.speculation()
-
-    def _params(self, prompt: int, generation_config: GenerationConfig | None, kwargs: dict[str, Any]):
-        """The sampling arguments of a generate() call, as transformers resolves them (the call's, else
-        `generation_config`'s, else the model's), checked: a bad value is an InvalidArgument before anything runs.
-        Unset max_new_tokens follows max_length, as in transformers."""
-        config = generation_config or self.generation_config
-
-        def value(name: str) -> Any:
-            return kwargs[name] if kwargs.get(name) is not None else getattr(config, name, None)
-
-        max_new = value("max_new_tokens")
-        if max_new is None:
-            max_new = max((value("max_length") or 20) - prompt, 0)
-        eos = value("eos_token_id")
-        eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, Sequence) else (int(eos),))
-        pad = value("pad_token_id")
-        return GenerationParams(
-            max_new,
-            bool(value("do_sample")),
-            1.0 if value("temperature") is None else value("temperature"),
-            value("top_k") or 0,
-            1.0 if value("top_p") is None else value("top_p"),
-            1.0 if value("repetition_penalty") is None else value("repetition_penalty"),
-            eos_ids,
-            pad if pad is not None else (eos_ids[0] if eos_ids else 0),
-        )
 
     def close(self) -> None:
         """Leave the swarm: the DHT node, the view's refresh thread, the metrics server and the channels."""

@@ -23,6 +23,14 @@ from swarm.errors import InvalidRequest
 OpenSession = Callable[[int, int], InferenceSession]  # (batch_size, max_length) -> a session over the whole model
 
 
+def rows_by_padding(mask: torch.Tensor) -> list[list[int]]:
+    """The rows of mask [batch, n] (True: a real token) grouped by identical padding, in order of first row."""
+    groups: dict[tuple[bool, ...], list[int]] = {}
+    for row in range(mask.shape[0]):
+        groups.setdefault(tuple(mask[row].tolist()), []).append(row)
+    return list(groups.values())
+
+
 @dataclass
 class _RowGroup:
     """Rows of the batch that share one session: same padding, hence the same real length at every step."""
@@ -82,11 +90,8 @@ class SwarmCache(Cache):
 
     def _open(self, mask: torch.Tensor) -> None:
         """One session per distinct padding of the first step's rows."""
-        by_pattern: dict[tuple[bool, ...], list[int]] = {}
-        for row in range(mask.shape[0]):
-            by_pattern.setdefault(tuple(mask[row].tolist()), []).append(row)
         try:
-            for rows in by_pattern.values():
+            for rows in rows_by_padding(mask):
                 self._groups.append(_RowGroup(rows, self._open_session(len(rows), self.max_length)))
         except BaseException:
             self.close()

@@ -1,0 +1,46 @@
+"""What the engine (peers/engine.py) keeps per open session and per queued step; it alone changes them, under its
+lock."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from peers.kv_cache import Sequence
+
+
+@dataclass(slots=True, eq=False)
+class Step:
+    session: EngineSession
+    hidden: torch.Tensor  # [batch, tokens, hidden]
+    position: int
+    hypo_ids: list[int] | None = None  # beam search: rows' sources, applied when the step is first planned
+    future: Future = field(default_factory=Future)
+    done: int = 0  # tokens per sequence already run
+    outputs: list[torch.Tensor] = field(default_factory=list)  # [batch, chunk, hidden] each
+
+    @property
+    def remaining(self) -> int:
+        return self.hidden.shape[1] - self.done
+
+
+@dataclass(slots=True, eq=False)
+class EngineSession:
+    session_id: str
+    blocks: range
+    max_length: int
+    sequences: list[Sequence]
+    last_used: float
+    admitted: int | None = None  # admission order, given by its first step; None until then
+    pending: Step | None = None
+
+    @property
+    def length(self) -> int:
+        return self.sequences[0].length
+
+
+def admission_order(session: EngineSession) -> float:
+    """Sessions not admitted yet sort after every admitted one."""
+    return session.admitted if session.admitted is not None else float("inf")

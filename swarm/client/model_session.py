@@ -1,0 +1,95 @@
+"""ModelSession: a multi-turn conversation whose KV caches the peers keep between generate() calls, made by
+DistributedModelForCausalLM.inference_session()."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import Token
+from typing import TYPE_CHECKING
+
+import torch
+
+from swarm.client.arguments import check_session_shape
+from swarm.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from swarm.client.model import DistributedModelForCausalLM
+
+
+class ModelSession:
+    """A multi-turn session: the KV caches on the peers and the tokens they hold. Made by inference_session().
+
+    A session is one conversation: one generate() at a time uses it (a second one, from another thread, raises
+    InvalidRequest rather than interleaving tokens into the same caches).
+    """
+
+    def __init__(self, model: DistributedModelForCausalLM, max_length: int, batch_size: int) -> None:
+        check_session_shape(max_length, batch_size, model.context_length)
+        self.model, self.max_length, self.batch_size = model, max_length, batch_size
+        self.session = model.open_session(batch_size, max_length)
+        self.tokens = torch.zeros(batch_size, 0, dtype=torch.long)  # every token the peers have seen
+        self.pending = torch.zeros(batch_size, 0, dtype=torch.long)  # generated last turn, not fed yet
+        self._busy = threading.Lock()  # held by the generate() that uses the session
+        self._entered: list[Token[ModelSession | None]] = []  # one per `with`, to restore the outer active session
+        self._closed = False
+
+    @property
+    def position(self) -> int:
+        return self.session.position
+
+    def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append ids [batch, n] to the session; returns the logits [batch, vocab] that follow the last one."""
+        return self.model.head.logits(self._append(ids)[:, -1])
+
+    def last_logits(self, ids: torch.Tensor, count: int) -> torch.Tensor:
+        """Append ids [batch, n] to the session; returns the logits [batch, count, vocab] after each of its last
+        `count` ids (not all n: the LM head over a long prompt costs as much as a few decoding steps)."""
+        return self.model.head.logits(self._append(ids)[:, -count:])
+
+    def forget(self, count: int) -> None:
+        """Roll the session back by its last `count` tokens (rejected drafts); the next step truncates the peers."""
+        if count:
+            self.session.rollback(self.position - count)
+            self.tokens = self.tokens[:, : self.position]
+
+    def _append(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.position + ids.shape[1] > self.max_length:
+            raise InvalidRequest(
+                f"{self.position + ids.shape[1]} tokens exceed the session's max_length {self.max_length}"
+            )
+        hidden = self.session.step(self.model.head.embed(ids))
+        self.tokens = torch.cat([self.tokens, ids], dim=1)
+        return hidden
+
+    @contextmanager
+    def turn(self) -> Iterator[ModelSession]:
+        """Hold the session for one generate() call.
+
+        Raises:
+            InvalidRequest: another thread is generating in this session now.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise InvalidRequest("this session is generating in another thread: give each thread its own session")
+        try:
+            yield self
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        if not self._closed:  # the route's load is released once, whatever calls close()
+            self._closed = True
+            self.session.close()
+        if self.model.active_session is self:
+            self.model.active_session = None
+
+    def __enter__(self) -> ModelSession:
+        self._entered.append(self.model._active.set(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.close()
+        finally:
+            self.model._active.reset(self._entered.pop())
