@@ -159,6 +159,8 @@ def test_assisted_decoding_rolls_back_rejected_candidates(model, local, prompt) 
     swarm, here = both(model, local, repeated, max_new_tokens=16, prompt_lookup_num_tokens=4)
     plain = model.generate(repeated, max_new_tokens=16)
     assert torch.equal(swarm, here) and torch.equal(swarm, plain)
+    swarm, here = both(model, local, prompt, max_new_tokens=12, assistant_model=local)  # a local draft model
+    assert torch.equal(swarm, here)
 
 
 def test_a_left_padded_batch_equals_each_row_generated_alone(model, local, tokenizer) -> None:
