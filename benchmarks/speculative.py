@@ -1,81 +1,38 @@
-"""Speculative decoding benchmark: tokens/s of one greedy session with and without speculation (prompt lookup),
-on an input-grounded task (repeat a passage, tests/data/speculative_passage.txt) and on free generation (greedy;
-and sampled at temperature 1, where lookup drafts are mostly wrong), over loopback and over an emulated 100 ms
-round trip; the baseline (plain decoding) is measured in the same run, interleaved with the speculative runs, and
-each figure is the best of --repeats runs (the machine is shared: the best run is the least disturbed one).
+"""Speculative decoding benchmark: tokens/s of one session with and without speculation, (a) on loopback and (b)
+over the emulated 100 ms RTT / 100 Mbit/s link of benchmarks.wan (network namespaces, benchmarks/netns).
 
-Run: `python -m benchmarks.speculative --model .cache/models/smollm2-135m` (part of `make bench`). Prints one JSON
-object. Two peers serve blocks [0, 15) and [15, 30) in processes of their own (1 torch thread each). The emulated
-link: each peer is also announced at the address of a user-space TCP relay (benchmarks/delay_relay.py) that holds
-every chunk RTT/2 in each direction, so the client's streams and the peers' server-to-server pushes all cross one:
-client -> A -> B -> client costs 1.5 RTT. No bandwidth limit is emulated.
+Run: `python -m benchmarks.speculative --model .cache/models/smollm2-135m` (root for (b): it makes network
+namespaces; without them (b) is reported as skipped; part of `make bench`). Prints one JSON object. Tasks
+(benchmarks/speculative_client.py): prompt lookup on "grounded" (copy a passage, tests/data/speculative_passage.txt),
+"free" (continue a story, greedy) and "free_sampled" (temperature 1, where lookup drafts are mostly wrong); and
+"free_draft": greedy with the model drafting for itself (`speculative="draft:PATH"`, every draft accepted: the upper
+bound of a draft model, which here costs the client as much compute per draft as the swarm spends per token). Plain
+decoding is measured in the same run, interleaved with the speculative runs; each figure is the best of --repeats
+runs (the machine is shared: the best run is the least disturbed one).
+
+(a) Two peer processes on 127.0.0.1 (benchmarks/peer_process.py, 1 torch thread each) serve blocks [0, 15) and
+[15, 30), announced by this process, whose client measures. (b) As benchmarks.wan: hosts client, bootstrap, peer0
+(blocks 0:15) and peer1 (15:30), each in its own namespace, the peers `swarm peer join` daemons; the swarm starts
+on the 0 ms bridge, then the links are set to --rtt-ms / --rate-mbit and a client in the client namespace measures
+(client -> peer0 -> peer1 -> client, with push, crosses the link 3 times: 1.5 RTT per step).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from benchmarks import peer_process
-from benchmarks.delay_relay import DelayRelay
+from benchmarks.speculative_client import add_options, measure_link, wait_for_peers
 
-PASSAGE_FILE = Path(__file__).resolve().parent.parent / "tests" / "data" / "speculative_passage.txt"
-FREE_PROMPT = "Once upon a time, in a small village in the mountains, there lived a girl who"
 HALVES = ((0, 15), (15, 30))
-
-
-def grounded_prompt() -> str:
-    passage = PASSAGE_FILE.read_text().strip()
-    return f"{passage}\n\nThe same passage, copied word for word:\n\n{passage[:40]}"
-
-
-def run(model, input_ids: torch.Tensor, new_tokens: int, speculative: str, k: int, sample: bool = False) -> dict:
-    before = model.speculation_stats()
-    sampling = {"do_sample": True, "generator": torch.Generator().manual_seed(0)} if sample else {}
-    started = time.perf_counter()
-    output = model.generate(
-        input_ids,
-        max_new_tokens=new_tokens,
-        eos_token_id=[],
-        speculative=speculative,
-        num_speculative_tokens=k,
-        **sampling,
-    )
-    elapsed = time.perf_counter() - started
-    after = model.speculation_stats()
-    drafted, accepted = after["drafted"] - before["drafted"], after["accepted"] - before["accepted"]
-    return {
-        "tokens": output[0, input_ids.shape[1] :],
-        "tokens_per_s": new_tokens / elapsed,
-        "drafted": int(drafted),
-        "accepted": int(accepted),
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-    }
-
-
-def compare(model, input_ids: torch.Tensor, ns: argparse.Namespace, sample: bool = False) -> dict:
-    """Plain and prompt lookup, interleaved, best of ns.repeats each; greedy unless `sample` (temperature 1: the
-    same distribution, other tokens)."""
-    plains, specs = [], []
-    for _ in range(ns.repeats):
-        plains.append(run(model, input_ids, ns.new_tokens, "", ns.k, sample))
-        specs.append(run(model, input_ids, ns.new_tokens, "prompt_lookup", ns.k, sample))
-    plain = max(plains, key=lambda r: r["tokens_per_s"])
-    spec = max(specs, key=lambda r: r["tokens_per_s"])
-    return {
-        "plain_tokens_per_s": round(plain["tokens_per_s"], 2),
-        "speculative_tokens_per_s": round(spec["tokens_per_s"], 2),
-        "speedup": round(spec["tokens_per_s"] / plain["tokens_per_s"], 2),
-        "acceptance_rate": round(spec["acceptance_rate"], 3),
-        "drafted": spec["drafted"],
-        "accepted": spec["accepted"],
-        "same_tokens": None if sample else bool(torch.equal(plain["tokens"], spec["tokens"])),
-    }
+WAN_HOSTS = ["client", "bootstrap", "peer0", "peer1"]
 
 
 def announce(registry, name: str, peers: list[tuple[str, str, tuple[int, int]]]):
@@ -92,89 +49,89 @@ def announce(registry, name: str, peers: list[tuple[str, str, tuple[int, int]]])
     return announcers
 
 
-def measure(ns: argparse.Namespace) -> dict:
-    from transformers import AutoTokenizer
-
+def measure_loopback(ns: argparse.Namespace) -> dict:
+    """(a): peer processes on 127.0.0.1, the client in this process."""
     from swarm.client import DistributedModelForCausalLM
     from swarm.codec import CodecId
     from swarm.registry import Registry
     from swarm.security import SwarmCredentials
 
     credentials = SwarmCredentials.open()
-    tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
-    prompts = {
-        "grounded": tokenizer(grounded_prompt(), return_tensors="pt").input_ids,
-        "free": tokenizer(FREE_PROMPT, return_tensors="pt").input_ids,
-    }
-    processes, relays, announcers, models = [], [], [], []
+    processes, announcers, model = [], [], None
     registry = Registry(credentials=credentials)
     try:
-        addresses = []
+        peers = []
         for start, end in HALVES:
             process, address, _ = peer_process.start(ns.model, "--blocks", f"{start}:{end}", "--threads", "1")
             processes.append(process)
-            addresses.append(address)
-        relays = [DelayRelay(address, ns.rtt_ms / 2000).start() for address in addresses]
-        links = {"loopback": addresses, "wan": [relay.address for relay in relays]}
-        result: dict = {}
-        for link, hosts in links.items():
-            name = f"smollm2-{link}"
-            peers = [(f"{link}-{span[0]}", host, span) for host, span in zip(hosts, HALVES, strict=True)]
-            announcers += announce(registry, name, peers)
-            model = DistributedModelForCausalLM.from_pretrained(
-                ns.model, registry.addresses, model_name=name, codec=CodecId[ns.codec], credentials=credentials
-            )
-            models.append(model)
-            wait_for_peers(model, 2)
-            run(model, prompts["free"], 4, "", ns.k)  # warm-up: channels, the peers' first steps
-            result[link] = {task: compare(model, ids, ns) for task, ids in prompts.items()}
-            result[link]["free_sampled"] = compare(model, prompts["free"], ns, sample=True)
-        return result
+            peers.append((f"loopback-{start}", address, (start, end)))
+        announcers = announce(registry, "smollm2-loopback", peers)
+        codec = CodecId[ns.codec]
+        model = DistributedModelForCausalLM.from_pretrained(
+            ns.model, registry.addresses, model_name="smollm2-loopback", codec=codec, credentials=credentials
+        )
+        wait_for_peers(model, 2)
+        return measure_link(model, ns)
     finally:
-        for model in models:
+        if model is not None:
             model.close()
         for announcer in announcers:
             announcer.stop()
-        for relay in relays:
-            relay.close()
         for process in processes:
             peer_process.stop(process)
         registry.shutdown()
 
 
-def wait_for_peers(model, count: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while len(model.view.peers(True)) < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the peers never showed up in the registry")
-        time.sleep(0.2)
+def measure_wan(ns: argparse.Namespace) -> dict:
+    """(b): the netns swarm of benchmarks.wan, links at --rtt-ms / --rate-mbit, a client in its namespace."""
+    from benchmarks.netns import WanLink
+    from benchmarks.netns.probe import measure_rtt
+    from benchmarks.wan_swarm import ENV, WanSwarm
+
+    with WanLink(WAN_HOSTS) as net:
+        swarm = WanSwarm(net, ns.model)
+        swarm.start_bootstrap("bootstrap")
+        swarm.start_peer("peer0", "0:15")
+        swarm.start_peer("peer1", "15:30")
+        swarm.wait_serving()
+        net.configure(ns.rtt_ms, ns.rate_mbit)
+        rtt = measure_rtt(net, "client", "peer0")["echo_ms_median"]
+        args = ["-m", "benchmarks.speculative_client", "--model", str(ns.model), "--initial-peers"]
+        args += [swarm.initial_peers, "--dht-host", net.address("client"), "--codec", ns.codec, "--k", str(ns.k)]
+        args += ["--new-tokens", str(ns.new_tokens), "--repeats", str(ns.repeats)]
+        args += ["--no-draft"] if ns.no_draft else ["--draft", str(ns.draft or ns.model)]
+        client = net.python("client", args, env=ENV, stdout=-1, stderr=-1, text=True)
+        out, err = client.communicate(timeout=1800)
+        if client.returncode != 0:
+            raise RuntimeError(f"the client exited {client.returncode}:\n{err[-3000:]}")
+        return {"rtt_ms_measured": round(rtt, 2), **json.loads(out.strip().splitlines()[-1])}
 
 
 def main() -> int:
+    from benchmarks.netns import unavailable_reason
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
-    parser.add_argument("--rtt-ms", type=float, default=100.0, help="emulated round trip of the 'wan' link")
-    parser.add_argument("--codec", default="NONE")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each kind; the best one counts")
+    add_options(parser)
+    parser.add_argument("--rtt-ms", type=float, default=100.0, help="round trip of the emulated link")
+    parser.add_argument("--rate-mbit", type=float, default=100.0, help="rate limit of each host's link")
+    parser.add_argument("--skip-loopback", action="store_true", help="only (b)")
     ns = parser.parse_args()
     torch.set_num_threads(1)  # the two peers have a core between them; the client gets the other
-    measured = measure(ns)
-    result = {
-        "benchmark": "speculative",
-        "model": ns.model.name,
-        "new_tokens": ns.new_tokens,
-        "repeats": ns.repeats,
-        "num_speculative_tokens": ns.k,
-        "drafter": "prompt_lookup",
-        "loopback": measured["loopback"],
-        f"wan_{ns.rtt_ms:g}ms_rtt": measured["wan"],
-        "speedup_wan_grounded": measured["wan"]["grounded"]["speedup"],
-        "speedup_wan_free": measured["wan"]["free"]["speedup"],
-        "speedup_wan_free_sampled": measured["wan"]["free_sampled"]["speedup"],
-        "rtt_emulation": "user-space TCP delay relay per peer (benchmarks/delay_relay.py), RTT/2 each way",
-    }
+    result: dict = {"benchmark": "speculative", "model": ns.model.name, "new_tokens": ns.new_tokens}
+    result |= {"repeats": ns.repeats, "num_speculative_tokens": ns.k, "draft": str(ns.draft or ns.model)}
+    with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the JSON
+        started = time.monotonic()
+        if not ns.skip_loopback:
+            result["loopback"] = measure_loopback(ns)
+        wan_key = f"wan_{ns.rtt_ms:g}ms_rtt_{ns.rate_mbit:g}mbit"
+        reason = unavailable_reason()
+        wan = {"skipped": reason} if reason else measure_wan(ns)
+        result[wan_key] = wan
+    for task in ("grounded", "free", "free_sampled", "free_draft"):
+        result[f"speedup_wan_{task}"] = wan[task]["speedup"] if task in wan else None
+    result["rtt_emulation"] = "benchmarks.netns: a namespace per host, a delaying user-space switch, tc tbf rate"
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)  # this machine is shared: figures move with its load
+    result["seconds"] = round(time.monotonic() - started)
     print(json.dumps(result))
     return 0
 

@@ -11,7 +11,8 @@ import math
 import torch
 
 COST_OF_A_DRAFT = 0.25  # a drafted token is worth verifying while P(the run reaches it) stays above this
-PROBE_EVERY = 8  # at k = 0, draft one token every this many steps, to notice when drafts become good again
+PROBE_EVERY = 8  # at k = 0, draft one token after this many steps, to notice when drafts become good again
+MAX_PROBE_EVERY = 64  # each rejected probe doubles the wait for the next one, up to this many steps
 
 
 def verify(
@@ -83,23 +84,37 @@ def _run_length(matches: torch.Tensor) -> torch.Tensor:
 class DraftLength:
     """How many tokens to draft: the longest run whose last token is still accepted with probability >= the cost of
     verifying it (rate^k >= COST_OF_A_DRAFT), from a moving average of the per-token acceptance rate. Rejections
-    drive k to 1, then 0 with a probe every PROBE_EVERY steps, so free text costs about what plain decoding does."""
+    drive k to 1, then 0 with a 1-token probe after PROBE_EVERY steps; each rejected probe doubles the wait (up to
+    MAX_PROBE_EVERY) and a kept one brings it back, so free text costs about what plain decoding does."""
 
     def __init__(self, max_tokens: int, rate: float = 0.8, weight: float = 0.3) -> None:
         self.max_tokens, self.rate, self.weight = max_tokens, rate, weight
+        self.probe_every = PROBE_EVERY  # steps at k = 0 before the next probe
         self._idle_steps = 0
+        self._probing = False  # the step just handed out is a probe
 
     def next(self) -> int:
+        self._probing = False
         k = self.max_tokens if self.rate >= 1 else int(math.log(COST_OF_A_DRAFT) / math.log(max(self.rate, 1e-6)))
         k = min(self.max_tokens, k)
         if k > 0:
+            self._idle_steps = 0
             return k
         self._idle_steps += 1
-        return 1 if self._idle_steps % PROBE_EVERY == 0 else 0
+        if self._idle_steps < self.probe_every:
+            return 0
+        self._idle_steps, self._probing = 0, True
+        return 1
 
     def observe(self, drafted: int, accepted: int) -> None:
         """One verification: `accepted` of `drafted` tokens kept. Only the drafts up to the first rejection were
-        tested; those after it tell nothing about the rate."""
+        tested; those after it tell nothing about the rate. Nothing drafted (a probe the drafter had no guess for)
+        tells nothing either."""
+        if drafted == 0:
+            return
         tested = accepted + (1 if accepted < drafted else 0)
         if tested:
             self.rate += self.weight * (accepted / tested - self.rate)
+        if self._probing:
+            self.probe_every = PROBE_EVERY if accepted else min(2 * self.probe_every, MAX_PROBE_EVERY)
+            self._probing = False

@@ -17,7 +17,7 @@ from swarm.client.generate import (
     logits_processors,
     speculative_decode_loop,
 )
-from swarm.client.speculative import PROBE_EVERY, DraftLength, verify
+from swarm.client.speculative import MAX_PROBE_EVERY, PROBE_EVERY, DraftLength, verify
 from swarm.config import ClientConfig
 from swarm.errors import InvalidArgument
 
@@ -117,12 +117,30 @@ def test_prompt_lookup_copies_what_followed_the_latest_match() -> None:
 def test_the_draft_length_backs_off_on_rejections_and_probes() -> None:
     length = DraftLength(8)
     assert length.next() == 6  # 0.8^6 >= 0.25
-    for _ in range(10):
-        length.observe(length.next() or 1, 0)
-    assert [length.next() for _ in range(PROBE_EVERY)].count(1) == 1  # k = 0, one probe every PROBE_EVERY steps
+    for _ in range(4):
+        length.observe(length.next(), 0)
+    assert length.next() == 0  # rejections took k down to 0
+    gaps = []
+    for _ in range(6):  # every probe rejected: the wait before the next one doubles, up to MAX_PROBE_EVERY
+        steps = 1
+        while length.next() == 0:
+            steps += 1
+        length.observe(1, 0)
+        gaps.append(steps)
+    assert gaps[0] == PROBE_EVERY - 1 and gaps[1:] == [16, 32, 64, 64, 64] and MAX_PROBE_EVERY == 64
+    assert [length.next() for _ in range(MAX_PROBE_EVERY)].count(1) == 1
+    length.observe(1, 1)  # a kept probe: k is 1 again, and once it is back at 0 probes come PROBE_EVERY apart
+    assert length.next() == 1 and length.probe_every == PROBE_EVERY
     for _ in range(10):
         length.observe(4, 4)
     assert length.next() == 8
+
+
+def test_a_draft_length_at_zero_is_not_moved_by_steps_that_are_not_probes() -> None:
+    length = DraftLength(8, rate=0.0)
+    assert [length.next() for _ in range(PROBE_EVERY)] == [0] * (PROBE_EVERY - 1) + [1]
+    length.observe(0, 0)  # the probe drafted nothing (no lookup match): it says nothing, the wait is unchanged
+    assert length.probe_every == PROBE_EVERY
 
 
 def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
