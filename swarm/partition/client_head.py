@@ -12,7 +12,8 @@ from swarm.partition.config import open_checkpoint
 
 # The names every family here uses (training export and stage models write them); a family's own are its
 # Architecture.head_tensors.
-EMBEDDINGS, FINAL_NORM, LM_HEAD = HeadTensors().embeddings, HeadTensors().final_norm, HeadTensors().lm_head
+_NAMES = HeadTensors()
+EMBEDDINGS, FINAL_NORM, LM_HEAD = _NAMES.embeddings, _NAMES.final_norm, _NAMES.lm_head
 
 
 class ClientHead(nn.Module):

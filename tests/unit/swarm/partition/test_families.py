@@ -79,6 +79,15 @@ def test_the_client_head_gives_transformers_embeddings_and_logits(
     assert (head.lm_head.weight is head.embed_tokens.weight) == tied
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mixtral", "phi3"])
+def test_a_whole_model_of_stages_exports_the_checkpoints_own_tensor_names(save_tiny: SaveTiny, family: str) -> None:
+    path, _ = save_tiny(family, num_hidden_layers=2)
+    checkpoint = open_checkpoint(path)[0]
+    first, last = load_stage_model(path, 0, 1).hf_state_dict(), load_stage_model(path, 1, 2).hf_state_dict()
+    assert sorted(first | last) == checkpoint.tensor_names()
+    assert all(torch.equal(tensor, checkpoint.read([name])[name]) for name, tensor in (first | last).items())
+
+
 def test_mixtral_reads_its_experts_under_the_checkpoint_names_and_exports_them_back(save_tiny: SaveTiny) -> None:
     path, reference = save_tiny("mixtral", num_hidden_layers=2)
     checkpoint, _, cfg = open_checkpoint(path)
