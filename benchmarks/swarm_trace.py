@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from peers.config import PlacementConfig
 from peers.memory import DETECTED_MEMORY_SHARE, GIB, blocks_that_fit
-from swarm.partition.llama import BlockConfig
+from swarm.partition import BlockConfig
 
 PEER_DEFAULTS = PlacementConfig()  # the simulated peers rebalance as `swarm peer join` does by default
 

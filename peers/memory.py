@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from peers.kv_cache import PoolShape
 from swarm.errors import InvalidRequest
-from swarm.partition.llama import BlockConfig
+from swarm.partition.architecture import BlockConfig, architecture_of
 
 if TYPE_CHECKING:
     from peers.config import PeerConfig
@@ -28,18 +28,14 @@ HOST_POOL_SHARE = 0.5  # of a host's free memory, when a CPU peer sizes its pool
 
 
 def block_parameters(cfg: BlockConfig) -> int:
-    """Parameters of one Llama-family block: attention, MLP and the two norms (biases where the config has them)."""
-    hidden, heads, kv_heads, head_dim = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q and o, k and v
-    if cfg.qkv_bias:
-        attention += (heads + 2 * kv_heads) * head_dim
-    mlp = 3 * hidden * cfg.intermediate_size + (2 * cfg.intermediate_size + hidden if cfg.mlp_bias else 0)
-    return attention + mlp + 2 * hidden
+    """Parameters of one block of cfg's family (every expert of a sparse MoE block counts), from the config alone."""
+    return architecture_of(cfg.model_type).block_parameters(cfg)
 
 
 def kv_cache_bytes_per_token(cfg: BlockConfig, dtype: str) -> int:
     """Bytes one token occupies in one block's KV cache (a key and a value per KV head)."""
-    return 2 * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
+    kv_heads, head_dim = architecture_of(cfg.model_type).kv_shape(cfg)
+    return 2 * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
 def block_bytes(cfg: BlockConfig, dtype: str, cache_tokens: int, training: bool = False) -> int:
@@ -130,5 +126,6 @@ def kv_pool_pages(
 
 def activation_bytes(cfg: BlockConfig, tokens: int, element: int) -> int:
     """A generous bound on one forward's live activations for `tokens` tokens (hidden states, q/k/v, the MLP's
-    three intermediate products), plus WORKSPACE_BYTES."""
-    return tokens * element * (8 * cfg.hidden_size + 4 * cfg.intermediate_size) + WORKSPACE_BYTES
+    three intermediate products, once per expert a token is routed to in a sparse MoE block), plus WORKSPACE_BYTES."""
+    mlp = 4 * cfg.intermediate_size * max(cfg.experts_per_token, 1)
+    return tokens * element * (8 * cfg.hidden_size + mlp) + WORKSPACE_BYTES

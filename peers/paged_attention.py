@@ -87,7 +87,7 @@ def _decode_group(rows: list[tuple[int, list[int], int]], page_size: int, device
 
 
 class PagedLayer:
-    """The KV layer (swarm.partition.llama.KVLayer) of one block for one ragged batch."""
+    """The KV layer (swarm.partition.layers.KVLayer) of one block for one ragged batch."""
 
     def __init__(self, pool: PagePool, layer: int, batch: RaggedBatch) -> None:
         self.keys, self.values = pool.keys[layer], pool.values[layer]  # [slots, kv_heads, head_dim]

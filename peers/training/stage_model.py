@@ -14,9 +14,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from swarm.errors import InvalidRequest
-from swarm.partition import BlockSpan, load_span, open_checkpoint
+from swarm.partition import BlockSpan, architecture_of, load_span, open_checkpoint
 from swarm.partition.client_head import EMBEDDINGS, FINAL_NORM, LM_HEAD
-from swarm.partition.llama import RMSNorm, block_tensor_prefix
 
 
 class StageModel(nn.Module):
@@ -33,11 +32,11 @@ class StageModel(nn.Module):
         self.embed_tokens = (
             nn.Embedding.from_pretrained(embeddings.clone(), freeze=False) if embeddings is not None else None
         )
-        self.norm: RMSNorm | None = None
+        self.norm: nn.Module | None = None
         self.lm_head: nn.Linear | None = None
         if head is not None:
             norm_weight, lm_head = head
-            self.norm = RMSNorm(norm_weight.shape[0], span.cfg.rms_norm_eps)
+            self.norm = architecture_of(span.cfg.model_type).final_norm(span.cfg)
             self.norm.weight = nn.Parameter(norm_weight.clone())
             self.lm_head = nn.Linear(lm_head.shape[1], lm_head.shape[0], bias=False)
             self.lm_head.weight = nn.Parameter(lm_head.clone())
@@ -101,9 +100,12 @@ class StageModel(nn.Module):
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """This stage's tensors under their Hugging Face names (what export writes)."""
         state = {}
-        for name, tensor in self.span.blocks.state_dict().items():
-            index, rest = name.split(".", 1)
-            state[block_tensor_prefix(self.span.start + int(index)) + rest] = tensor
+        span, architecture = self.span, architecture_of(self.span.cfg.model_type)
+        for offset, block in enumerate(span.blocks):
+            checkpoint_name = {
+                ours: theirs for theirs, ours in architecture.block_tensors(span.cfg, span.start + offset).items()
+            }
+            state.update((checkpoint_name[name], tensor) for name, tensor in block.state_dict().items())
         if self.embed_tokens is not None:
             state[EMBEDDINGS] = self.embed_tokens.weight.detach()
         if self.lm_head is not None:

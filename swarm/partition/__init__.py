@@ -1,24 +1,29 @@
 """Build the parts of a model that one process holds, from a Hugging Face checkpoint directory.
 
+architecture.py: the seam for a model family (Architecture, BlockConfig, the model_type registry FAMILIES);
+one module per family: llama.py (Llama, Mistral, Qwen2), qwen3.py, mixtral.py (sparse MoE), phi3.py (fused tensors);
+layers.py: RMSNorm, rotary tables, KVLayer, causal attention, shared by the families;
 checkpoint.py: selective safetensors reads; config.py: open a checkpoint, refuse unsupported architectures;
-llama.py: Llama-family blocks (the one adapter so far); span.py: BlockSpan [start, end) and its SpanCache;
-client_head.py: embeddings, final norm and LM head; gguf.py: convert a GGUF file to a float checkpoint.
+span.py: BlockSpan [start, end) and its SpanCache; client_head.py: embeddings, final norm and LM head;
+gguf.py: convert a GGUF file to a float checkpoint.
 """
 
 from __future__ import annotations
 
+from swarm.partition.architecture import Architecture, BlockConfig, architecture_of
 from swarm.partition.checkpoint import Checkpoint
 from swarm.partition.client_head import ClientHead, load_client_head
 from swarm.partition.config import open_checkpoint
-from swarm.partition.llama import BlockConfig
 from swarm.partition.span import BlockSpan, SpanCache, load_span
 
 __all__ = [
+    "Architecture",
     "BlockConfig",
     "BlockSpan",
     "Checkpoint",
     "ClientHead",
     "SpanCache",
+    "architecture_of",
     "load_client_head",
     "load_span",
     "open_checkpoint",

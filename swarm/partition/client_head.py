@@ -7,22 +7,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from swarm.partition.architecture import HeadTensors, architecture_of
 from swarm.partition.config import open_checkpoint
-from swarm.partition.llama import RMSNorm
 
-EMBEDDINGS = "model.embed_tokens.weight"
-FINAL_NORM = "model.norm.weight"
-LM_HEAD = "lm_head.weight"
+# The names every family here uses (training export and stage models write them); a family's own are its
+# Architecture.head_tensors.
+_NAMES = HeadTensors()
+EMBEDDINGS, FINAL_NORM, LM_HEAD = _NAMES.embeddings, _NAMES.final_norm, _NAMES.lm_head
 
 
 class ClientHead(nn.Module):
     """embed(input_ids) -> hidden states for the first block; logits(hidden) from the last block's output."""
 
-    def __init__(self, embeddings: torch.Tensor, norm_weight: torch.Tensor, lm_head: torch.Tensor, eps: float) -> None:
+    def __init__(self, embeddings: torch.Tensor, norm: nn.Module, lm_head: torch.Tensor) -> None:
+        """`norm`: the family's final norm (Architecture.final_norm), its weights loaded."""
         super().__init__()
         self.embed_tokens = nn.Embedding.from_pretrained(embeddings, freeze=False)
-        self.norm = RMSNorm(norm_weight.shape[0], eps)
-        self.norm.weight = nn.Parameter(norm_weight)
+        self.norm = norm
         self.lm_head = nn.Linear(lm_head.shape[1], lm_head.shape[0], bias=False)
         # Tied checkpoints pass the embedding matrix itself, so the two share one Parameter.
         self.lm_head.weight = self.embed_tokens.weight if lm_head is embeddings else nn.Parameter(lm_head)
@@ -45,9 +46,12 @@ def load_client_head(
     """Build the client part of the checkpoint at `path`, reading only its three tensors (two if tied); with a
     progress bar on a terminal if `progress`."""
     checkpoint, hf_config, cfg = open_checkpoint(path)
+    architecture = architecture_of(cfg.model_type)
+    parts = architecture.head_tensors
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-    names = [EMBEDDINGS, FINAL_NORM] + ([] if tied else [LM_HEAD])
+    names = [parts.embeddings, parts.final_norm] + ([] if tied else [parts.lm_head])
     tensors = checkpoint.read(names, dtype=dtype, progress="loading the client head" if progress else "")
-    lm_head = tensors[EMBEDDINGS] if tied else tensors[LM_HEAD]
-    head = ClientHead(tensors[EMBEDDINGS], tensors[FINAL_NORM], lm_head, cfg.rms_norm_eps)
-    return head.to(device).eval()
+    norm = architecture.final_norm(cfg)
+    norm.load_state_dict({"weight": tensors[parts.final_norm]}, assign=True)
+    lm_head = tensors[parts.embeddings] if tied else tensors[parts.lm_head]
+    return ClientHead(tensors[parts.embeddings], norm, lm_head).to(device).eval()

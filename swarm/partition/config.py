@@ -7,8 +7,8 @@ from pathlib import Path
 from transformers import AutoConfig, PretrainedConfig
 
 from swarm.errors import CheckpointError, UnsupportedArchitectureError
+from swarm.partition.architecture import FAMILIES, BlockConfig, architecture_of
 from swarm.partition.checkpoint import Checkpoint
-from swarm.partition.llama import MODEL_TYPES, BlockConfig
 
 
 def open_checkpoint(path: str | Path) -> tuple[Checkpoint, PretrainedConfig, BlockConfig]:
@@ -19,15 +19,15 @@ def open_checkpoint(path: str | Path) -> tuple[Checkpoint, PretrainedConfig, Blo
         UnsupportedArchitectureError: the model type, or one of its options, cannot be partitioned.
     """
     checkpoint = Checkpoint(path)
-    if checkpoint.model_type not in MODEL_TYPES:
+    if checkpoint.model_type not in FAMILIES:
         found = checkpoint.model_type or "none"
         architectures = checkpoint.config_dict.get("architectures")
         raise UnsupportedArchitectureError(
             f"checkpoint {checkpoint.path} has model_type {found!r} (architectures {architectures}); "
-            f"supported: {sorted(MODEL_TYPES)}"
+            f"supported: {sorted(FAMILIES)}"
         )
     try:
         hf_config = AutoConfig.from_pretrained(str(checkpoint.path), local_files_only=True)
     except (OSError, ValueError, TypeError) as error:
         raise CheckpointError(f"cannot load config.json of {checkpoint.path}: {error}") from error
-    return checkpoint, hf_config, BlockConfig.from_hf(hf_config)
+    return checkpoint, hf_config, architecture_of(checkpoint.model_type).block_config(hf_config)

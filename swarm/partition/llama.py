@@ -1,4 +1,5 @@
-"""Llama-family transformer blocks (Llama, Mistral without sliding window, Qwen2, SmolLM), written for spans.
+"""Llama-family transformer blocks (Llama, Mistral without sliding window, Qwen2, SmolLM), written for spans, and
+their Architecture. Other families (qwen3.py, phi3.py, mixtral.py) reuse the attention and block defined here.
 
 Module and parameter names match Hugging Face's `model.layers.{i}.*`, so a block loads its slice of the
 checkpoint directly. Unlike HF's layers, a block takes its rotary tables from the caller and leaves keys and values
@@ -7,127 +8,13 @@ to a `KVLayer`: a session's contiguous cache (span.py) or a peer's pages shared 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from swarm.errors import UnsupportedArchitectureError
-
-MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
-STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})  # inv_freq does not depend on length
-
-
-@dataclass(frozen=True, slots=True)
-class BlockConfig:
-    """What one block needs to know, read once from the HF config."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    qkv_bias: bool
-    mlp_bias: bool
-    num_layers: int
-
-    @classmethod
-    def from_hf(cls, config: PretrainedConfig) -> BlockConfig:
-        """Raises UnsupportedArchitectureError for a model type or option these blocks do not implement."""
-        if config.model_type not in MODEL_TYPES:
-            raise UnsupportedArchitectureError(
-                f"model_type {config.model_type!r} is not supported; supported: {sorted(MODEL_TYPES)}"
-            )
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise UnsupportedArchitectureError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
-        _check_no_sliding_window(config)
-        num_heads = config.num_attention_heads
-        return cls(
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_heads=num_heads,
-            num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
-            rms_norm_eps=config.rms_norm_eps,
-            qkv_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
-            mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            num_layers=config.num_hidden_layers,
-        )
-
-
-def _check_no_sliding_window(config: PretrainedConfig) -> None:
-    window = getattr(config, "sliding_window", None)
-    uses_window = getattr(config, "use_sliding_window", config.model_type == "mistral")
-    if uses_window and window is not None and window < config.max_position_embeddings:
-        raise UnsupportedArchitectureError(
-            f"sliding_window={window} (< max_position_embeddings) is not supported; only full attention"
-        )
-
-
-def block_tensor_prefix(index: int) -> str:
-    return f"model.layers.{index}."
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables for absolute positions; computed once per span forward and shared by its blocks."""
-
-    def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
-        super().__init__()
-        rope = dict(getattr(config, "rope_parameters", None) or {})
-        rope_type = rope.get("rope_type", "default")
-        if rope_type not in STATIC_ROPE_TYPES:
-            raise UnsupportedArchitectureError(
-                f"rope_type {rope_type!r} is not supported; supported: {sorted(STATIC_ROPE_TYPES)}"
-            )
-        if rope_type == "default":
-            base = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-            scaling = 1.0
-        else:
-            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
-        self.scaling = float(scaling)
-
-    def forward(self, position: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [length, head_dim] for positions position .. position + length - 1."""
-        return self.at(torch.arange(position, position + length, device=self.inv_freq.device), dtype)
-
-    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [tokens, head_dim] for any absolute positions [tokens] (a ragged batch's, token by token)."""
-        freqs = torch.outer(positions.to(device=self.inv_freq.device, dtype=torch.float32), self.inv_freq)
-        angles = torch.cat([freqs, freqs], dim=-1)
-        return (angles.cos() * self.scaling).to(dtype), (angles.sin() * self.scaling).to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
-
-
-class KVLayer(Protocol):
-    """Where one block keeps its keys and values, and how its new tokens attend to them."""
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Store the new tokens' k, v [batch, kv_heads, new, head_dim] and return the attention of q
-        [batch, heads, new, head_dim] over everything the layer holds, causally: [batch, heads, new, head_dim]."""
+from swarm.partition.architecture import Architecture, BlockConfig, common_fields
+from swarm.partition.layers import KVLayer, RMSNorm, apply_rotary, causal_attention
 
 
 class Attention(nn.Module):
@@ -137,33 +24,30 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVLayer | None) -> torch.Tensor:
-        """x: [batch, seq, hidden]; cos, sin: [seq, head_dim]. Without `kv` the tokens attend only to each other."""
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [batch, seq, hidden] -> q [batch, seq, heads, head_dim], k and v [batch, seq, kv_heads, head_dim],
+        before rotary embeddings. Families with fused projections or q/k norms override this."""
         batch, length, _ = x.shape
         cfg = self.cfg
-        q = self.q_proj(x).view(batch, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, length, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, length, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = self.q_proj(x).view(batch, length, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).view(batch, length, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).view(batch, length, cfg.num_kv_heads, cfg.head_dim)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVLayer | None) -> torch.Tensor:
+        """x: [batch, seq, hidden]; cos, sin: [seq, rotary_dim]. Without `kv` the tokens attend only to each
+        other."""
+        batch, length, _ = x.shape
+        cfg = self.cfg
+        q, k, v = (t.transpose(1, 2) for t in self.project(x))
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if kv is not None:
             out = kv.attend(q, k, v)
         else:
             out = causal_attention(q, k, v, enable_gqa=cfg.num_kv_heads != cfg.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, cfg.num_heads * cfg.head_dim))
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
-    """q: [batch, heads, new, dim] attends to k, v: [batch, kv_heads, past + new, dim], causally."""
-    new, total = q.shape[2], k.shape[2]
-    if new == 1:
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa)
-    if new == total:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
-    mask = torch.ones(new, total, dtype=torch.bool, device=q.device).tril(diagonal=total - new)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
 
 
 class MLP(nn.Module):
@@ -178,17 +62,57 @@ class MLP(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """One decoder layer: pre-norm attention and pre-norm MLP, each with a residual."""
+    """One decoder layer: pre-norm attention and pre-norm MLP, each with a residual. Other families swap the
+    attention or the MLP (`attention_cls`, `mlp_cls`)."""
+
+    attention_cls: type[nn.Module] = Attention
+    mlp_cls: type[nn.Module] = MLP
 
     def __init__(self, cfg: BlockConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = self.attention_cls(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = self.mlp_cls(cfg)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVLayer | None = None
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def attention_parameters(cfg: BlockConfig) -> int:
+    """q, k, v and o projections with the biases the config asks for."""
+    hidden, heads, kv_heads, head_dim = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    count = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q and o, k and v
+    if cfg.qkv_bias:
+        count += (heads + 2 * kv_heads) * head_dim
+    return count + (hidden if cfg.o_bias else 0)
+
+
+def mlp_parameters(cfg: BlockConfig) -> int:
+    """A gated MLP (gate, up, down), with biases if the config asks for them."""
+    return 3 * cfg.hidden_size * cfg.intermediate_size + (
+        2 * cfg.intermediate_size + cfg.hidden_size if cfg.mlp_bias else 0
+    )
+
+
+class LlamaFamily(Architecture):
+    def block_config(self, config: PretrainedConfig) -> BlockConfig:
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return BlockConfig(
+            **common_fields(config),
+            qkv_bias=config.model_type == "qwen2" or attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            o_bias=config.model_type == "llama" and attention_bias,  # Qwen2's and Mistral's o_proj has none
+        )
+
+    def block(self, cfg: BlockConfig) -> nn.Module:
+        return LlamaBlock(cfg)
+
+    def block_parameters(self, cfg: BlockConfig) -> int:
+        return attention_parameters(cfg) + mlp_parameters(cfg) + 2 * cfg.hidden_size
+
+
+ARCHITECTURE = LlamaFamily()

@@ -14,15 +14,9 @@ import torch
 from torch import nn
 
 from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
+from swarm.partition.architecture import BlockConfig, architecture_of
 from swarm.partition.config import open_checkpoint
-from swarm.partition.llama import (
-    BlockConfig,
-    KVLayer,
-    LlamaBlock,
-    RotaryEmbedding,
-    block_tensor_prefix,
-    causal_attention,
-)
+from swarm.partition.layers import KVLayer, RotaryEmbedding, causal_attention
 
 
 class SpanCache:
@@ -37,7 +31,8 @@ class SpanCache:
     ) -> None:
         if batch_size < 1 or max_length < 1:
             raise InvalidRequest(f"cache needs batch_size >= 1 and max_length >= 1, got {batch_size}, {max_length}")
-        shape = (num_blocks, batch_size, cfg.num_kv_heads, max_length, cfg.head_dim)
+        kv_heads, head_dim = architecture_of(cfg.model_type).kv_shape(cfg)
+        shape = (num_blocks, batch_size, kv_heads, max_length, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [blocks, batch, kv_heads, max_length, head_dim]
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.batch_size = batch_size
@@ -67,7 +62,8 @@ class _ContiguousLayer:
 
 
 class BlockSpan(nn.Module):
-    """Blocks [start, end) of a model; forward maps hidden states [batch, seq, hidden] to the same shape."""
+    """Blocks [start, end) of a model, of the family `cfg.model_type` names (architecture.py); forward maps hidden
+    states [batch, seq, hidden] to the same shape."""
 
     def __init__(self, cfg: BlockConfig, rotary: RotaryEmbedding, start: int, end: int) -> None:
         super().__init__()
@@ -75,7 +71,8 @@ class BlockSpan(nn.Module):
             raise InvalidSpan(f"span [{start}, {end}) is empty or outside the model's {cfg.num_layers} blocks")
         self.cfg, self.start, self.end = cfg, start, end
         self.rotary = rotary
-        self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(end - start))
+        architecture = architecture_of(cfg.model_type)
+        self.blocks = nn.ModuleList(architecture.block(cfg) for _ in range(end - start))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -179,16 +176,19 @@ def load_span(
         InvalidSpan: the range is empty or outside the model.
     """
     checkpoint, hf_config, cfg = open_checkpoint(path)
-    rotary = RotaryEmbedding(hf_config, cfg.head_dim)  # built outside the meta context: its table is real
+    architecture = architecture_of(cfg.model_type)
+    rotary = architecture.rotary(hf_config, cfg)  # built outside the meta context: its table is real
     with torch.device("meta"):
         span = BlockSpan(cfg, rotary, start, end)
-    prefixes = {block_tensor_prefix(index): index - start for index in range(start, end)}
-    names = [n for n in checkpoint.tensor_names() if any(n.startswith(p) for p in prefixes)]
-    tensors = checkpoint.read(names, dtype=dtype, progress=f"loading blocks [{start}, {end})" if progress else "")
-    state = {}
-    for name, tensor in tensors.items():
-        prefix = next(p for p in prefixes if name.startswith(p))
-        state[f"blocks.{prefixes[prefix]}.{name[len(prefix) :]}"] = tensor
+    state_names = {
+        name: f"blocks.{index - start}.{state}"
+        for index in range(start, end)
+        for name, state in architecture.block_tensors(cfg, index).items()
+    }
+    tensors = checkpoint.read(
+        state_names, dtype=dtype, progress=f"loading blocks [{start}, {end})" if progress else ""
+    )
+    state = {state_names[name]: tensor for name, tensor in tensors.items()}
     try:
         span.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as error:

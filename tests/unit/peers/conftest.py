@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig
 
 from swarm.partition import BlockConfig, BlockSpan
-from swarm.partition.llama import RotaryEmbedding
+from swarm.partition.layers import RotaryEmbedding
 
 HIDDEN = 64
 

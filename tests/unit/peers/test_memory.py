@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from peers.config import PeerConfig, PlacementConfig
-from peers.memory import GIB, block_bytes, block_parameters, blocks_for_peer, blocks_that_fit
+from peers.kv_cache import PoolShape
+from peers.memory import GIB, block_bytes, block_parameters, blocks_for_peer, blocks_that_fit, kv_cache_bytes_per_token
 from peers.server import ServerConfig
 from swarm.errors import InvalidRequest
-from swarm.partition.llama import BlockConfig, LlamaBlock
+from swarm.partition import BlockConfig, BlockSpan, architecture_of
+from swarm.partition.llama import LlamaBlock
 
-from ..swarm.partition.conftest import tiny_config
+from ..swarm.partition.conftest import save_family, tiny_config
 
 # SmolLM2-135M, the test model: 30 blocks of 3,540,096 parameters.
 SMOLLM2 = BlockConfig(576, 1536, 9, 3, 64, 1e-5, False, False, 30)
@@ -29,6 +31,32 @@ def test_parameter_count_matches_a_real_block(hf_config) -> None:
     with torch.device("meta"):
         block = LlamaBlock(cfg)
     assert block_parameters(cfg) == sum(p.numel() for p in block.parameters())
+
+
+@pytest.mark.parametrize(
+    ("family", "options"),
+    [
+        ("qwen3", {}),
+        ("qwen3", {"attention_bias": True}),
+        ("mixtral", {}),
+        ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 1}),
+        ("phi3", {}),
+    ],
+    ids=["qwen3", "qwen3-bias", "mixtral", "mixtral-8-experts", "phi3"],
+)
+def test_every_family_counts_its_block_as_transformers_and_its_own_module_do(
+    tmp_path, family: str, options: dict
+) -> None:
+    _, reference = save_family(tmp_path, family, num_hidden_layers=2, **options)
+    cfg = BlockConfig.from_hf(reference.config)
+    with torch.device("meta"):
+        span = BlockSpan(cfg, architecture_of(family).rotary(reference.config, cfg), 0, 2)
+    ours = sum(p.numel() for p in span.blocks[0].parameters())
+    theirs = sum(p.numel() for p in reference.model.layers[0].parameters())
+    assert block_parameters(cfg) == ours == theirs
+    assert block_bytes(cfg, "float32", cache_tokens=0) * 2 == span.parameter_bytes()
+    pool = PoolShape.for_span(span, num_pages=1, page_size=1)
+    assert kv_cache_bytes_per_token(cfg, "float32") * 2 == pool.bytes_per_page(torch.float32)
 
 
 def test_serving_budget_is_weights_plus_the_kv_cache_pool() -> None:

@@ -1,4 +1,5 @@
-"""Tiny random Llama-family checkpoints, built offline in milliseconds and saved as real HF checkpoints."""
+"""Tiny random checkpoints of every supported family, built offline in milliseconds and saved as real HF
+checkpoints."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Phi3Config,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 TINY = dict(
     vocab_size=128,
@@ -18,11 +29,43 @@ TINY = dict(
     num_key_value_heads=2,
     max_position_embeddings=256,
 )
+CONFIGS: dict[str, type[PretrainedConfig]] = {
+    "llama": LlamaConfig,
+    "mistral": MistralConfig,
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+    "mixtral": MixtralConfig,
+    "phi3": Phi3Config,
+}
+FAMILY_DEFAULTS: dict[str, dict] = {
+    "qwen3": {"head_dim": 32},  # not hidden / heads: the family reads head_dim from the config
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "phi3": {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},  # its defaults lie outside a tiny vocabulary
+}
 
 
-def tiny_config(family: str, **overrides: object) -> LlamaConfig | Qwen2Config:
-    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[family]
-    return config_cls(**{**TINY, **overrides})
+def tiny_config(family: str, **overrides: object) -> PretrainedConfig:
+    return CONFIGS[family](**{**TINY, **FAMILY_DEFAULTS.get(family, {}), **overrides})
+
+
+def save_family(
+    directory: Path, family: str = "llama", max_shard_size: str | None = None, perturb: bool = False, **overrides
+) -> tuple[Path, PreTrainedModel]:
+    """A tiny random model of `family` saved under `directory` -> (checkpoint dir, the HF reference model).
+
+    `perturb` draws every 1-D parameter (norms start at ones, biases at zeros) so that each one matters.
+    """
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides)).eval()
+    if perturb:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.dim() == 1:
+                    parameter.uniform_(0.5, 1.5)
+    out = directory / f"{family}-{len(list(directory.iterdir()))}"
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(str(out), **kwargs)
+    return out, model
 
 
 SaveTiny = Callable[..., tuple[Path, PreTrainedModel]]
@@ -30,14 +73,9 @@ SaveTiny = Callable[..., tuple[Path, PreTrainedModel]]
 
 @pytest.fixture
 def save_tiny(tmp_path: Path) -> SaveTiny:
-    """save_tiny(family, **config_overrides, max_shard_size=None) -> (checkpoint dir, the HF reference model)."""
+    """save_tiny(family, **config_overrides, max_shard_size=None, perturb=False) -> (checkpoint dir, HF model)."""
 
-    def save(family: str = "llama", max_shard_size: str | None = None, **overrides: object):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides)).eval()
-        out = tmp_path / f"{family}-{len(list(tmp_path.iterdir()))}"
-        kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
-        model.save_pretrained(str(out), **kwargs)
-        return out, model
+    def save(family: str = "llama", max_shard_size: str | None = None, perturb: bool = False, **overrides: object):
+        return save_family(tmp_path, family, max_shard_size, perturb, **overrides)
 
     return save

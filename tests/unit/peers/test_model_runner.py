@@ -1,0 +1,54 @@
+"""The peer's paged path (ModelRunner over a PagePool) for every model family: a ragged batch of two sequences of
+different lengths, prefilled together and then stepped together (one token, or several for one of them), gives
+transformers' logits for each sequence run alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from peers.kv_cache import PagePool, PoolShape, Sequence
+from peers.model_runner import ModelRunner, Piece
+from swarm.partition import load_client_head, load_span
+
+from ..swarm.partition.conftest import save_family
+
+PAGE = 4
+LAYERS = 4
+# New tokens per iteration for sequences A and B: ragged prefills, decodes, then A decodes while B adds 2 tokens.
+STEPS = [(6, 3), (1, 1), (1, 1), (1, 2), (1, 1)]
+
+
+@pytest.mark.parametrize(
+    ("family", "options"),
+    [("llama", {}), ("qwen3", {}), ("mixtral", {}), ("phi3", {}), ("phi3", {"partial_rotary_factor": 0.5})],
+    ids=["llama", "qwen3", "mixtral", "phi3", "phi3-partial-rotary"],
+)
+@torch.inference_mode()
+def test_a_ragged_paged_batch_gives_each_sequence_transformers_logits(
+    tmp_path: Path, family: str, options: dict
+) -> None:
+    path, reference = save_family(tmp_path, family, perturb=True, num_hidden_layers=LAYERS, **options)
+    head, span = load_client_head(path), load_span(path, 0, LAYERS)
+    pool = PagePool(PoolShape.for_span(span, 16, PAGE), span.dtype, "cpu")
+    runner = ModelRunner(span, pool)
+    lengths = [sum(step[row] for step in STEPS) for row in range(2)]
+    generator = torch.Generator().manual_seed(5)
+    input_ids = [torch.randint(0, 128, (1, length), generator=generator) for length in lengths]
+    sequences = [Sequence(), Sequence()]
+    outputs: list[list[torch.Tensor]] = [[], []]
+    for step in STEPS:
+        pieces = []
+        for row, new in enumerate(step):
+            sequence = sequences[row]
+            sequence.grow(pool, sequence.length + new)
+            tokens = input_ids[row][:, sequence.length : sequence.length + new]
+            pieces.append(Piece([sequence], head.embed(tokens), sequence.length))
+        for row, out in enumerate(runner.run(pieces, range(0, LAYERS))):
+            outputs[row].append(out)
+            sequences[row].length += step[row]
+    for row in range(2):
+        expected = reference(input_ids[row]).logits
+        assert (head.logits(torch.cat(outputs[row], dim=1)) - expected).abs().max() < 1e-5
