@@ -83,15 +83,13 @@ def run(ns: argparse.Namespace) -> int:
         chat = not ns.raw and has_chat_template(tokenizer)
         if not chat:  # a continuation reads on from the prompt; a reply stands alone
             print(ns.prompt, end="", flush=True)
+        sampling = {"do_sample": True, "temperature": ns.temperature, "top_k": ns.top_k, "top_p": ns.top_p}
         model.generate(
             input_ids,
             max_new_tokens=ns.max_new_tokens,
-            do_sample=ns.temperature > 0,
-            temperature=ns.temperature or 1.0,
-            top_k=ns.top_k,
-            top_p=ns.top_p,
             repetition_penalty=ns.repetition_penalty,
             streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=chat),
+            **(sampling if ns.temperature > 0 else {"do_sample": False}),  # greedy takes no sampling flags
         )
     finally:
         model.close()
