@@ -1,7 +1,8 @@
 """Training stages, a trainer and DHT nodes bind and announce the addresses they are told (issue 15, item 1), on
 loopback addresses other than 127.0.0.1 (every 127.x address is loopback on Linux): stage 0-2 binds and announces
 127.0.0.2; stage 2-4 binds every interface and announces 127.0.0.3; the trainer, binding 127.0.0.4, finds both
-through the DHT and trains through them. A node announcing an address it cannot connect to warns at start.
+through the DHT and trains through them. A node announcing an address it cannot connect to warns at start. A job
+on Ray announces what its config says.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 from peers.training.actor import TrainingStagePeer
 from swarm.registry import Registry
+from swarm.training.job import TrainingJob
 from swarm.training.trainer import Trainer
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,3 +63,18 @@ def test_a_node_announcing_an_address_it_cannot_reach_warns_at_start(swarm, capl
         node.shutdown()
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "DHT node announces 127.0.0.5:" in warning and "--announce-host" in warning
+
+
+def test_a_job_on_ray_announces_its_config_address(make_config, local_ray) -> None:
+    """The job's bootstrap, its stage actors and its trainer take `host`/`announce_host` from the job config."""
+    config = make_config("addresses-job", codec="NONE", micro_batch=4, target_batch=4, steps=1, inflight=1)
+    job = TrainingJob(dataclasses.replace(config, host="0.0.0.0", announce_host="127.0.0.3"))
+    try:
+        job.start()
+        progress = job.wait()
+        infos = [info for infos in job.stage_infos().values() for info in infos]
+    finally:
+        job.stop()
+    assert job.initial_peers[0].startswith("/ip4/127.0.0.3/tcp/")
+    assert [info["address"].split(":")[0] for info in infos] == ["127.0.0.3", "127.0.0.3"]
+    assert progress["step"] >= 1, progress
