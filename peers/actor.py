@@ -16,6 +16,7 @@ from peers.config import PeerConfig
 from peers.scheduler import TaskKind
 from peers.server import PeerServer
 from swarm.partition import load_span
+from swarm.registry.hosts import join_host_port, multiaddr_host
 from swarm.types import Span
 
 logger = logging.getLogger(__name__)
@@ -31,10 +32,12 @@ class StagePeer:
         torch.set_num_threads(config.threads or os.cpu_count() or 1)
         dtype = TORCH_DTYPES[config.dtype]
         blocks = load_span(config.model_path, span.start, span.end, dtype, config.device)
-        self.server = PeerServer(blocks, config.server, peer_id=peer_id, model=config.name)
+        toward = multiaddr_host(config.initial_peers[0]) if config.initial_peers else None
+        self.server = PeerServer(blocks, config.server, peer_id=peer_id, model=config.name, announce_toward=toward)
         self.server.measure_throughput()
         self.server.start()
-        self.metrics_address = f"{config.host}:{self.server.metrics.serve(config.host, config.metrics_port)}"
+        metrics_port = self.server.metrics.serve(config.host, config.metrics_port)
+        self.metrics_address = join_host_port(self.server.announced_host, metrics_port)
         logger.info("peer=%s span=%s address=%s serving", peer_id, span, self.server.address)
 
     def info(self) -> dict:

@@ -41,7 +41,9 @@ class PeerConfig:
     num_blocks: int | None = None  # how many blocks placement should take; None: as many as fit the memory
     device: str = "cpu"
     dtype: str = "float32"
-    host: str = "127.0.0.1"  # address the gRPC server binds and announces
+    host: str = "127.0.0.1"  # address the gRPC server and the DHT node bind (0.0.0.0: every interface)
+    announce_host: str = ""  # address they announce; "": host, or for 0.0.0.0 the routed one (registry/hosts.py)
+    dht_port: int = 0  # the DHT node's port; 0: any free port
     metrics_port: int = 0  # Prometheus /metrics port; 0: any free port
     ttl_s: float = 30.0  # a record not refreshed within this disappears from the registry
     announce_period_s: float = 10.0
@@ -84,6 +86,7 @@ class PeerConfig:
         )
         server = ServerConfig(
             host=ns.host,
+            announce_host=ns.announce_host,
             port=ns.port,
             cache_tokens=ns.cache_tokens,
             cache_gib=ns.cache_gib,
@@ -110,6 +113,8 @@ class PeerConfig:
             device=ns.device,
             dtype=ns.dtype,
             host=ns.host,
+            announce_host=ns.announce_host,
+            dht_port=ns.dht_port,
             metrics_port=ns.metrics_port,
             ttl_s=ns.ttl,
             announce_period_s=ns.announce_period or ns.ttl / 3,

@@ -17,6 +17,7 @@ from peers.server import ServerConfig
 from swarm.partition import open_checkpoint
 from swarm.ray_cluster import connect_ray
 from swarm.registry import Registry
+from swarm.registry.hosts import HostConfig
 from swarm.security import SwarmCredentials
 
 
@@ -30,22 +31,28 @@ class LocalSwarm:
         cache_tokens: int = 65536,
         dht_port: int = 0,
         ray_address: str | None = None,
-        host: str = "127.0.0.1",
+        host: HostConfig | None = None,
     ) -> None:
+        host = host or HostConfig()  # 127.0.0.1
         num_blocks = open_checkpoint(model_path)[2].num_layers
         if not 0 <= num_peers <= num_blocks:
             raise ValueError(f"the number of peers must be between 0 and {num_blocks}, got {num_peers}")
         connect_ray(ray_address)
-        self.bootstrap = Registry(host=host, port=dht_port, credentials=credentials)
+        self.bootstrap = Registry(
+            host=host.host, port=dht_port, announce_host=host.announce_host, credentials=credentials
+        )
         self.initial_peers = tuple(self.bootstrap.addresses)
         publish_initial_peers(self.initial_peers)
         self.config = PeerConfig(
             model_path=str(model_path),
             initial_peers=self.initial_peers,
-            host=host,
+            host=host.host,
+            announce_host=host.announce_host,
             ttl_s=ttl_s,
             announce_period_s=ttl_s / 3,
-            server=ServerConfig(host=host, cache_tokens=cache_tokens, credentials=credentials),
+            server=ServerConfig(
+                host=host.host, announce_host=host.announce_host, cache_tokens=cache_tokens, credentials=credentials
+            ),
         )
         bounds = [round(i * num_blocks / num_peers) for i in range(num_peers + 1)] if num_peers else []
         self.daemons = [

@@ -28,6 +28,7 @@ from peers.serving_loop import serving_loop
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import CredentialsError
 from swarm.partition import BlockSpan
+from swarm.registry.hosts import LOOPBACK, HostConfig, join_host_port, warn_if_unreachable
 from swarm.security import SwarmCredentials
 
 # Keepalive: pings on idle connections find peers and clients that vanished without closing (a host gone, a cable
@@ -43,7 +44,8 @@ KEEPALIVE_OPTIONS = [
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
+    host: str = LOOPBACK  # address the gRPC server binds (0.0.0.0: every interface)
+    announce_host: str = ""  # address others dial; "": host, or for 0.0.0.0 the routed one (swarm/registry/hosts.py)
     port: int = 0  # 0: any free port
     max_message_bytes: int = 4 << 20  # gRPC's own default; bigger tensors are chunked on the stream RPCs
     max_request_tokens: int = 8192  # batch x seq of one request
@@ -63,6 +65,7 @@ class ServerConfig:
     credentials: SwarmCredentials | None = None
 
     def __post_init__(self) -> None:
+        HostConfig(self.host, self.announce_host)  # raises InvalidArgument naming the flag
         positive = ("max_request_tokens", "max_batch_tokens", "cache_tokens", "page_size", "max_session_length")
         for name in (*positive, "max_sessions", "rpc_threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -76,8 +79,17 @@ class ServerConfig:
 class PeerServer:
     """A running gRPC server for one span; `state` moves it through JOINING -> ONLINE -> DRAINING."""
 
-    def __init__(self, span: BlockSpan, config: ServerConfig, peer_id: str = "local", model: str = "") -> None:
-        """Raises CredentialsError when `config.credentials` is None: an open swarm must be asked for."""
+    def __init__(
+        self,
+        span: BlockSpan,
+        config: ServerConfig,
+        peer_id: str = "local",
+        model: str = "",
+        announce_toward: str | None = None,
+    ) -> None:
+        """`announce_toward` (an initial peer's host) picks the announced address when binding 0.0.0.0.
+
+        Raises CredentialsError when `config.credentials` is None: an open swarm must be asked for."""
         if config.credentials is None:
             raise CredentialsError("no swarm credentials: pass SwarmCredentials.load(DIR) or SwarmCredentials.open()")
         self.config = config
@@ -111,7 +123,8 @@ class PeerServer:
         self.health = health.aio.HealthServicer()  # Watch streams are coroutines, cancelled when the server stops
         self._loop = serving_loop()
         self._server = self._loop.run(self._serve_on_loop())
-        self.address = f"{config.host}:{self.port}"
+        self.announced_host = HostConfig(config.host, config.announce_host).announced(announce_toward)
+        self.address = join_host_port(self.announced_host, self.port)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def _serve_on_loop(self) -> grpc.aio.Server:
@@ -126,11 +139,12 @@ class PeerServer:
         server = config.credentials.aio_server(config.rpc_threads, options)
         add_peer_service(self.service, server)
         add_health_service(self.health, server)
-        self.port = config.credentials.add_port(server, f"{config.host}:{config.port}")
+        self.port = config.credentials.add_port(server, join_host_port(config.host, config.port))
         return server
 
     def start(self) -> None:
         self._loop.run(self._server.start())
+        warn_if_unreachable(self.announced_host, self.port, f"peer {self.service.config.peer_id}")
         self.service.state = pb.PEER_STATE_ONLINE
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
 

@@ -33,6 +33,7 @@ from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.channels import PeerStubs
 from swarm.registry import Announcer, Registry
 from swarm.registry.fork_guard import die_with_parent_on_fork
+from swarm.registry.hosts import join_host_port, multiaddr_host, warn_if_unreachable
 from swarm.training.checkpoints import latest_stage_checkpoint, read_stage_checkpoint, write_stage_checkpoint
 from swarm.training.config import TrainConfig
 from swarm.types import PeerInfo, PeerState, Span
@@ -53,7 +54,10 @@ class TrainingStagePeer:
         torch.set_num_threads(config.threads)
         self.config, self.span = config, Span(start, end)
         self.peer_id = peer_id or uuid.uuid4().hex[:16]
-        self.registry = Registry(initial_peers, credentials=config.credentials)
+        self.registry = Registry(
+            initial_peers, host=config.host, announce_host=config.announce_host, credentials=config.credentials
+        )
+        self.announced_host = config.hosts.announced(multiaddr_host(initial_peers[0]) if initial_peers else None)
         model = load_stage_model(
             config.model, start, end, device=config.device, activation_checkpointing=config.activation_checkpointing
         )
@@ -75,7 +79,8 @@ class TrainingStagePeer:
         self.server, self.address = self._serve()
         self.metrics_address = ""
         if config.metrics_port is not None:
-            self.metrics_address = f"127.0.0.1:{self.metrics.serve('127.0.0.1', config.metrics_port)}"
+            metrics_port = self.metrics.serve(config.host, config.metrics_port)
+            self.metrics_address = join_host_port(self.announced_host, metrics_port)
         # Announced JOINING while it takes the stage's state: the live replicas hold their next step for it (see
         # SiblingReplicas.count), so the state it downloads is still the stage's when it goes ONLINE.
         self.state = PeerState.JOINING
@@ -134,9 +139,10 @@ class TrainingStagePeer:
         health_servicer = health.HealthServicer()
         health_servicer.set("rayswarm.v1.TrainingStage", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        port = self.config.credentials.add_port(server, "127.0.0.1:0")
+        port = self.config.credentials.add_port(server, self.config.hosts.bind_address(0))
         server.start()
-        return server, f"127.0.0.1:{port}"
+        warn_if_unreachable(self.announced_host, port, f"stage {self.stage} replica {self.peer_id}")
+        return server, join_host_port(self.announced_host, port)
 
     def describe(self) -> PeerInfo:
         counters = self.replica.counters

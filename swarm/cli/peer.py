@@ -28,6 +28,7 @@ from swarm.cli._arguments import (
 )
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import StopSignals
+from swarm.cli._hosts import add_host_flags, check_announced
 from swarm.errors import InvalidArgument
 from swarm.progress import waiting
 
@@ -76,8 +77,9 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     add_placement_flags(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    parser.add_argument("--host", default="127.0.0.1", help="address to serve and announce")
+    add_host_flags(parser, what="gRPC server and the DHT node")
     parser.add_argument("--port", type=port, default=0, help="gRPC port (default: any free port)")
+    parser.add_argument("--dht-port", type=port, default=0, help="port of the peer's DHT node (default: any)")
     parser.add_argument("--metrics-port", type=port, default=0, help="Prometheus port (default: any free port)")
     add_engine_flags(parser)
     parser.add_argument("--ttl", type=positive(), default=30.0, help="seconds a record lives without a refresh")
@@ -203,7 +205,12 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals) -> 
     connect_ray(ray_address)
     if ray_address and not config.initial_peers:
         config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
-    registry = Registry(config.initial_peers, host=config.host, credentials=config.server.credentials)
+    registry = Registry(
+        config.initial_peers,
+        host=config.host,
+        announce_host=config.announce_host,
+        credentials=config.server.credentials,
+    )
     try:
         daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
         try:
@@ -231,14 +238,16 @@ def _print_serving(info: dict, name: str) -> None:
 
 def check_before_start(ns: argparse.Namespace) -> None:
     """What parsing alone cannot tell, checked before Ray or a DHT node starts: the span against the model's blocks,
-    and that the ports asked for are free."""
+    that the ports asked for are free, and (for --host 0.0.0.0) which address to announce."""
     blocks = model_blocks(ns.model)
     if ns.blocks:
         check_span(ns.blocks, blocks)
     if ns.num_blocks and ns.num_blocks > blocks:
         raise InvalidArgument("--num-blocks", f"{ns.num_blocks} is more than the model's {blocks} blocks")
     free_port(ns.host, ns.port, "--port")
+    free_port(ns.host, ns.dht_port, "--dht-port")
     free_port(ns.host, ns.metrics_port, "--metrics-port")
+    check_announced(ns.host, ns.announce_host, ns.initial_peers)
 
 
 def _print_restart(info: dict) -> None:

@@ -2,7 +2,8 @@
 
 `swarm train` starts the job's actors on Ray (through Ray Client, inside `ray job submit`, or on a local Ray),
 shows a progress bar (step, loss, samples/s, live replicas per stage), and prints one JSON summary at the end.
-The job's `credentials` (a member's directory, or `open`) may be overridden with --credentials DIR or --open.
+The job's `credentials` (a member's directory, or `open`) may be overridden with --credentials DIR or --open, its
+`host` and `announce_host` with --host and --announce-host.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from swarm.cli._credentials import add_credential_flags
+from swarm.cli._hosts import add_host_flags
 from swarm.training.config import load_config
 
 
@@ -25,6 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--steps", type=int, help="override the config's steps")
     train.add_argument("--export", type=Path, help="after training, write a Hugging Face checkpoint here")
     add_credential_flags(train)  # override the config's `credentials`
+    add_host_flags(train, default=None, what="stages, trainers and the DHT nodes")  # override `host`/`announce_host`
     train.set_defaults(run=run_train)
     export = subparsers.add_parser("export", help="reassemble a Hugging Face checkpoint from stage checkpoints")
     export.add_argument("--checkpoint-dir", type=Path, required=True, help="the run's checkpoint.dir")
@@ -46,7 +49,9 @@ def run_train(ns: argparse.Namespace) -> int:
     from swarm.training.job import TrainingJob
 
     credentials = "open" if ns.open else (str(ns.credentials) if ns.credentials else None)
-    config = load_config(ns.config, steps=ns.steps, credentials=credentials)
+    config = load_config(
+        ns.config, steps=ns.steps, credentials=credentials, host=ns.host, announce_host=ns.announce_host
+    )
     connect_ray(ns.ray_address or os.environ.get("RAY_ADDRESS"))
     job = TrainingJob(config)
     started = time.monotonic()

@@ -14,6 +14,7 @@ from pathlib import Path
 from swarm.cli._arguments import at_least, free_port, model_blocks, port, positive
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import StopSignals
+from swarm.cli._hosts import add_host_flags, check_announced
 from swarm.errors import InvalidArgument
 from swarm.progress import waiting
 
@@ -38,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="attach to this Ray cluster (e.g. auto on a head node) instead of starting one",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address the DHT node and the peers bind and announce")
+    add_host_flags(parser, what="DHT node and the peers")
     parser.set_defaults(run=run)
 
 
@@ -46,6 +47,7 @@ def run(ns: argparse.Namespace) -> int:
     """Serve until Ctrl-C or SIGTERM, then drain and exit 0 (1 if a stage actor died for good); either signal while
     starting stops at once, exit 130 or 143."""
     from peers.local_swarm import LocalSwarm
+    from swarm.registry.hosts import HostConfig
     from swarm.security import SwarmCredentials
 
     credentials = SwarmCredentials.choose(ns.credentials, ns.open)
@@ -55,6 +57,7 @@ def run(ns: argparse.Namespace) -> int:
             "--peers", f"{ns.peers} peers cannot split the model's {blocks} blocks (at most {blocks})"
         )
     free_port(ns.host, ns.dht_port, "--dht-port")
+    check_announced(ns.host, ns.announce_host)
     with StopSignals() as signals:
         swarm = LocalSwarm(
             ns.model,
@@ -64,7 +67,7 @@ def run(ns: argparse.Namespace) -> int:
             cache_tokens=ns.cache_tokens,
             dht_port=ns.dht_port,
             ray_address=ns.ray_address,
-            host=ns.host,
+            host=HostConfig(ns.host, ns.announce_host),
         )
         try:
             with waiting(f"{ns.peers} stage actor(s) loading their blocks", enabled=ns.peers > 0):

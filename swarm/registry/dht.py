@@ -14,6 +14,7 @@ from typing import Any
 
 from swarm.errors import PeerUnavailable
 from swarm.registry.addresses import initial_peer_list
+from swarm.registry.hosts import LOOPBACK, HostConfig, free_port, multiaddr, multiaddr_host, warn_if_unreachable
 from swarm.registry.records import InvalidRecord, from_dht, to_dht
 from swarm.registry.signing import RecordSigning, split_subkey
 from swarm.security import SwarmCredentials
@@ -31,9 +32,32 @@ def peers_key(model: str) -> str:
     return f"rayswarm.{model}.peers"
 
 
+def dht_multiaddrs(hosts: HostConfig, port: int, initial_peers: list[str]) -> tuple[list[str], list[str] | None]:
+    """hivemind's host_maddrs and announce_maddrs (None: announce what it listens on). An announced address needs
+    its port before the node listens, so port 0 then becomes a port free now."""
+    toward = multiaddr_host(initial_peers[0]) if initial_peers else None
+    announced = hosts.announced(toward)
+    if announced == hosts.host:
+        return [multiaddr(hosts.host, port)], None
+    port = port or free_port(hosts.host)
+    return [multiaddr(hosts.host, port)], [multiaddr(announced, port)]
+
+
+def self_check(addresses: list[str]) -> None:
+    """Warn if this node cannot connect to the first address it announces (swarm/registry/hosts.py)."""
+    for address in addresses[:1]:
+        parts = address.split("/")
+        host = multiaddr_host(address)
+        if host is not None and "tcp" in parts and parts.index("tcp") + 1 < len(parts):
+            warn_if_unreachable(host, int(parts[parts.index("tcp") + 1]), "DHT node")
+
+
 class Registry:
     """One DHT node. `client_mode` nodes read and write but are not stored on by others (for status, clients).
 
+    It listens on `host` and announces `announce_host` (swarm/registry/hosts.py; a wildcard `host` announces the
+    address routed toward the first initial peer). A node others store on checks at start that it can connect to
+    its own announced address, and warns if not.
     `credentials` of a private swarm make this node refuse, and its reads skip, records of non-members;
     `signing_key` (a hivemind RSAPrivateKey) replaces hivemind's process-wide RSA key (for tests that play
     several writers in one process).
@@ -42,10 +66,11 @@ class Registry:
     def __init__(
         self,
         initial_peers: str | Sequence[str] = (),
-        host: str = "127.0.0.1",
+        host: str = LOOPBACK,
         port: int = 0,
         client_mode: bool = False,
         *,
+        announce_host: str = "",
         credentials: SwarmCredentials,
         signing_key: Any = None,
         read_timeout_s: float = READ_TIMEOUT_S,
@@ -53,21 +78,25 @@ class Registry:
         from swarm.registry.bound_dht import ParentBoundDHT  # hivemind is heavy: imported when a node starts
 
         initial_peers = initial_peer_list(initial_peers) if initial_peers else []
+        host_maddrs, announce_maddrs = dht_multiaddrs(HostConfig(host, announce_host), port, initial_peers)
         self.signing, self.read_timeout_s = RecordSigning(credentials, signing_key), read_timeout_s
         try:
             self.dht = ParentBoundDHT(
                 initial_peers=initial_peers,
                 start=True,
-                host_maddrs=[f"/ip4/{host}/tcp/{port}"],
+                host_maddrs=host_maddrs,
+                announce_maddrs=announce_maddrs,
                 client_mode=client_mode,
                 record_validators=self.signing.validators,
-                # Loopback-only test networks here: no NAT traversal, no relays (DESIGN.md).
+                # No NAT traversal, no relays: behind a NAT the operator forwards a port and announces it (DESIGN.md).
                 nat_port_map=False,
                 auto_nat=False,
                 use_relay=False,
             )
         except Exception as error:  # hivemind raises P2PDaemonError, ValueError, TimeoutError...
             raise PeerUnavailable(f"cannot join the DHT through {initial_peers}: {error}") from error
+        if not client_mode:
+            self_check(self.addresses)
 
     @property
     def addresses(self) -> list[str]:

@@ -13,6 +13,8 @@ averaging, checkpoints. Unknown keys are refused by name, so a typo never silent
     steps: 100
     optimizer: {lr: 0.003, weight_decay: 0.01}
     checkpoint: {dir: ckpt, every: 20}
+    host: 0.0.0.0                 # stages, trainers and DHT nodes listen on every interface (default 127.0.0.1);
+                                  # each announces its machine's routed address, or `announce_host: ADDRESS`
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import yaml
 
 from swarm.codec import CodecId
 from swarm.errors import InvalidRequest
+from swarm.registry.hosts import LOOPBACK, HostConfig, check_announce_host, check_bind_host
 from swarm.security import SwarmCredentials
 
 
@@ -91,6 +94,14 @@ class TrainConfig:
     initial_peers: tuple[str, ...] = ()
     seed: int = 0
     metrics_port: int | None = None  # trainers and stages serve /metrics (None: not served)
+    host: str = LOOPBACK  # stages, trainers and the DHT nodes bind it; 0.0.0.0: every interface
+    # what they announce; "": `host`, or for 0.0.0.0 the address each actor's machine routes toward the DHT by (the
+    # right choice when Ray spreads the actors over machines). A fixed address suits a job on one machine only.
+    announce_host: str = ""
+
+    @property
+    def hosts(self) -> HostConfig:
+        return HostConfig(self.host, self.announce_host)
 
     @property
     def codec_id(self) -> CodecId:
@@ -178,6 +189,9 @@ def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
 def _check(config: TrainConfig) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", str(config.run_id)):
         raise InvalidRequest(f"run_id {config.run_id!r} must be 1-64 letters, digits, '-' or '_' (it names DHT keys)")
+    check_bind_host(config.host, "host")
+    if config.announce_host:
+        check_announce_host(config.announce_host, "announce_host")
     if config.codec not in CodecId.__members__:
         raise InvalidRequest(f"config: codec {config.codec!r} is not one of {sorted(CodecId.__members__)}")
     if config.data.tokenizer not in ("bytes", "model"):

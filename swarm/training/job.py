@@ -15,6 +15,7 @@ from typing import Any
 
 from swarm.registry import Registry
 from swarm.registry.fork_guard import die_with_parent_on_fork
+from swarm.registry.hosts import HostConfig
 from swarm.security import SwarmCredentials
 from swarm.training.config import TrainConfig
 from swarm.training.trainer import Trainer
@@ -27,9 +28,9 @@ ACTOR_START_TIMEOUT_S = 300.0
 class RunBootstrap:
     """A DHT node that only introduces the run's actors to each other; it outlives any stage replica."""
 
-    def __init__(self, credentials: SwarmCredentials) -> None:
+    def __init__(self, credentials: SwarmCredentials, hosts: HostConfig) -> None:
         die_with_parent_on_fork()
-        self.registry = Registry(credentials=credentials)
+        self.registry = Registry(host=hosts.host, announce_host=hosts.announce_host, credentials=credentials)
 
     def addresses(self) -> list[str]:
         return self.registry.addresses
@@ -49,7 +50,9 @@ class TrainingJob:
         import ray
 
         if not self.initial_peers:
-            self.bootstrap = ray.remote(RunBootstrap).options(num_cpus=0).remote(self.config.credentials)
+            self.bootstrap = (
+                ray.remote(RunBootstrap).options(num_cpus=0).remote(self.config.credentials, self.config.hosts)
+            )
             self.initial_peers = ray.get(self.bootstrap.addresses.remote(), timeout=ACTOR_START_TIMEOUT_S)
         if self.config.launch_stages:
             self._start_stages()

@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from swarm.registry.hosts import join_host_port
+
 
 class TrainerCollector(Collector):
     def __init__(self, model: str, report: Callable[[], dict]) -> None:
@@ -35,6 +37,7 @@ def trainer_registry(model: str, report: Callable[[], dict]) -> CollectorRegistr
     return registry
 
 
-def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> str:
+def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1", announced: str = "") -> str:
+    """Serve /metrics on host:port; returns the address to scrape (`announced`, default `host`, with the port)."""
     server, _ = start_http_server(port, addr=host, registry=registry)
-    return f"{host}:{server.server_port}"
+    return join_host_port(announced or host, server.server_port)

@@ -26,6 +26,7 @@ from swarm.errors import InvalidRequest, MissingBlocks, SwarmError
 from swarm.partition import open_checkpoint
 from swarm.registry import Registry
 from swarm.registry.fork_guard import die_with_parent_on_fork
+from swarm.registry.hosts import multiaddr_host
 from swarm.router.wiring import WiringRouter
 from swarm.training.config import TrainConfig
 from swarm.training.data import load_dataset
@@ -76,7 +77,13 @@ class Trainer:
         self.dataset = load_dataset(config.data, config.model)
         self.generator = torch.Generator().manual_seed(config.seed * 7919 + index)
         peers = list(initial_peers or config.initial_peers)
-        self.registry = Registry(peers, client_mode=True, credentials=config.credentials)
+        self.registry = Registry(
+            peers,
+            client_mode=True,
+            host=config.host,
+            announce_host=config.announce_host,
+            credentials=config.credentials,
+        )
         self.view = StageView(self.registry, config.dht_key, self.stage_spans)
         self.router = WiringRouter(rng=random.Random(config.seed * 7919 + index))
         self.calls = StageCalls(config.codec_id, config.call_timeout_s, config.credentials)
@@ -84,7 +91,10 @@ class Trainer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.metrics = trainer_registry(config.run_id, self.report)
-        self.metrics_address = serve(self.metrics, config.metrics_port) if config.metrics_port is not None else ""
+        self.metrics_address = ""
+        if config.metrics_port is not None:
+            announced = config.hosts.announced(multiaddr_host(peers[0]) if peers else None)
+            self.metrics_address = serve(self.metrics, config.metrics_port, config.host, announced)
 
     # ---- the loop ----
 

@@ -1,0 +1,64 @@
+"""One part of a training job, run alone in a network namespace by test_netns_training.py (no Ray):
+
+    python -m tests.integration.cluster.training_host bootstrap --config JOB.yaml --host 10.77.0.10
+    python -m tests.integration.cluster.training_host stage --config JOB.yaml --host 0.0.0.0 --initial-peers ADDR \
+        --span 0:2 --peer-id s0r1 --out DIR      # serves until SIGTERM, then saves its parameters to DIR/s0r1.pt
+    python -m tests.integration.cluster.training_host trainer --config JOB.yaml --host 10.77.0.15 --initial-peers ADDR
+
+Each prints one line when it is ready ("initial peers: ADDR", "serving at HOST:PORT"; the trainer its final progress
+as "progress: {json}").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from pathlib import Path
+
+import torch
+
+from swarm.training.config import load_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=("bootstrap", "stage", "trainer"))
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--initial-peers", default="")
+    parser.add_argument("--span", default="0:1")
+    parser.add_argument("--peer-id", default="")
+    parser.add_argument("--out", type=Path, default=None)
+    ns = parser.parse_args()
+    config = load_config(ns.config, host=ns.host)
+    peers = [ns.initial_peers] if ns.initial_peers else []
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    if ns.role == "bootstrap":
+        from swarm.registry import Registry
+
+        registry = Registry(host=config.host, credentials=config.credentials)
+        print(f"initial peers: {registry.addresses[0]}", flush=True)
+        stopped.wait()
+    elif ns.role == "stage":
+        from peers.training.actor import TrainingStagePeer
+
+        start, end = (int(x) for x in ns.span.split(":"))
+        stage = TrainingStagePeer(config, start, end, peers, ns.peer_id)
+        print(f"serving at {stage.address}", flush=True)
+        stopped.wait()
+        torch.save({"step": stage.replica.step, "parameters": stage.parameters()}, ns.out / f"{ns.peer_id}.pt")
+        stage.stop()
+    else:
+        from swarm.training.trainer import Trainer
+
+        trainer = Trainer(config, 0, peers)
+        progress = trainer.run()
+        trainer.close()
+        print(f"progress: {json.dumps(progress)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
