@@ -129,7 +129,9 @@ def test_scores_and_logits_are_returned_as_transformers_returns_them(model, loca
         for got, expected in zip(getattr(swarm, name), getattr(here, name), strict=True):
             finite = torch.isfinite(expected)
             assert torch.equal(finite, torch.isfinite(got))
-            assert (got[finite] - expected[finite]).abs().max() <= 1e-4 * expected[finite].abs().max(), name
+            gap, scale = (got[finite] - expected[finite]).abs().max(), expected[finite].abs().max()
+            print(f"{name}: max |swarm - local| {gap:.2e} (largest |value| {scale:.1f})")
+            assert gap <= 1e-4, name  # absolute: the bound
 
 
 def test_sampling_under_a_fixed_seed_draws_the_local_tokens(model, local, prompt) -> None:
