@@ -90,10 +90,7 @@ def measure_wan(ns: argparse.Namespace) -> dict:
 
     with WanLink(WAN_HOSTS) as net:
         swarm = WanSwarm(net, ns.model)
-        swarm.start_bootstrap("bootstrap")
-        swarm.start_peer("peer0", "0:15")
-        swarm.start_peer("peer1", "15:30")
-        swarm.wait_serving()
+        swarm.start_two_halves()
         net.configure(ns.rtt_ms, ns.rate_mbit)
         rtt = measure_rtt(net, "client", "peer0")["echo_ms_median"]
         args = ["-m", "benchmarks.speculative_client", "--model", str(ns.model), "--initial-peers"]

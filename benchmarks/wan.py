@@ -119,10 +119,7 @@ def run_benchmark(ns: argparse.Namespace) -> dict:
     local_model, measured = load_local(ns.model), {}
     with WanLink(HOSTS) as net:
         swarm = WanSwarm(net, ns.model)
-        swarm.start_bootstrap("bootstrap")
-        swarm.start_peer("peer0", "0:15")
-        swarm.start_peer("peer1", "15:30")
-        swarm.wait_serving()
+        swarm.start_two_halves()
         for name, (rtt_ms, rate) in SETTINGS.items():
             net.configure(rtt_ms, rate)
             measured[name] = measure_setting(net, swarm, local_model, input_ids, ns.new_tokens)

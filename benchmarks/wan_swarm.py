@@ -68,6 +68,14 @@ class WanSwarm:
         self.peers[host] = Command(self.net, host, ["-m", "swarm", "peer", "join", *flags])
         return self.peers[host]
 
+    def start_two_halves(self) -> None:
+        """The usual swarm: a bootstrap on host "bootstrap", "peer0" serving blocks [0, 15) and "peer1" [15, 30),
+        serving when this returns."""
+        self.start_bootstrap("bootstrap")
+        self.start_peer("peer0", "0:15")
+        self.start_peer("peer1", "15:30")
+        self.wait_serving()
+
     def wait_serving(self, timeout_s: float = 240) -> None:
         """Until every peer started so far says it serves (its record is then in the DHT)."""
         deadline = time.monotonic() + timeout_s

@@ -44,10 +44,7 @@ def expected(smollm2_path: Path) -> list[int]:
 def wan(smollm2_path: Path) -> Iterator[WanSwarm]:
     with WanLink(HOSTS, rtt_ms=20, rate_mbit=1000) as net:
         swarm = WanSwarm(net, smollm2_path)
-        swarm.start_bootstrap("bootstrap")
-        swarm.start_peer("peer0", "0:15")
-        swarm.start_peer("peer1", "15:30")
-        swarm.wait_serving()
+        swarm.start_two_halves()
         yield swarm
 
 

@@ -79,3 +79,21 @@ def save_tiny(tmp_path: Path) -> SaveTiny:
         return save_family(tmp_path, family, max_shard_size, perturb, **overrides)
 
     return save
+
+
+def logits_step_by_step(path: Path, input_ids: torch.Tensor, parts, prefill: int) -> tuple[torch.Tensor, list]:
+    """Logits through the client head and spans `parts` with KV caches: a `prefill`-token step, then one token at a
+    time; and the caches."""
+    from swarm.partition import load_client_head, load_span
+
+    head = load_client_head(path)
+    spans = [load_span(path, start, end) for start, end in parts]
+    caches = [span.new_cache(batch_size=input_ids.shape[0], max_length=16) for span in spans]
+    logits = []
+    steps = [(0, prefill), *[(i, i + 1) for i in range(prefill, input_ids.shape[1])]]
+    for first, last in steps:
+        hidden = head.embed(input_ids[:, first:last])
+        for span, cache in zip(spans, caches, strict=True):
+            hidden = span(hidden, position=first, cache=cache)
+        logits.append(head.logits(hidden))
+    return torch.cat(logits, dim=1), caches

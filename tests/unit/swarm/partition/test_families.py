@@ -11,7 +11,7 @@ from peers.training.stage_model import load_stage_model
 from swarm.errors import UnsupportedArchitectureError
 from swarm.partition import BlockConfig, architecture_of, load_client_head, load_span, open_checkpoint
 
-from .conftest import SaveTiny, tiny_config
+from .conftest import SaveTiny, logits_step_by_step, tiny_config
 
 LAYERS = 4
 PARTS = ((0, 1), (1, 3), (3, 4))
@@ -38,16 +38,8 @@ def test_spans_with_caches_give_transformers_logits_prompt_then_token_by_token(
     path, reference = save_tiny(family, perturb=True, num_hidden_layers=LAYERS, **options)
     input_ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     expected = reference(input_ids).logits
-    head = load_client_head(path)
-    spans = [load_span(path, start, end) for start, end in PARTS]
-    caches = [span.new_cache(batch_size=2, max_length=16) for span in spans]
-    logits = []
-    for first, last in [(0, 5), *[(i, i + 1) for i in range(5, 9)]]:  # a 5-token prefill, then one at a time
-        hidden = head.embed(input_ids[:, first:last])
-        for span, cache in zip(spans, caches, strict=True):
-            hidden = span(hidden, position=first, cache=cache)
-        logits.append(head.logits(hidden))
-    assert (torch.cat(logits, dim=1) - expected).abs().max() < TOLERANCE
+    logits, _ = logits_step_by_step(path, input_ids, PARTS, prefill=5)
+    assert (logits - expected).abs().max() < TOLERANCE
 
 
 @pytest.mark.parametrize(("family", "options"), CASES, ids=IDS)

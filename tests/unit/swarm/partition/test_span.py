@@ -8,7 +8,7 @@ import torch
 from swarm.errors import InvalidRequest, InvalidSpan
 from swarm.partition import load_client_head, load_span
 
-from .conftest import SaveTiny
+from .conftest import SaveTiny, logits_step_by_step
 
 PARTS = ((0, 2), (2, 5), (5, 6))
 
@@ -44,17 +44,8 @@ def test_incremental_decoding_with_caches_matches_the_whole_prompt(save_tiny: Sa
     path, reference = save_tiny()
     input_ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     expected = reference(input_ids).logits
-    head = load_client_head(path)
-    spans = [load_span(path, start, end) for start, end in PARTS]
-    caches = [span.new_cache(batch_size=2, max_length=16) for span in spans]
-    logits = []
-    # A 4-token prefill, then one token at a time.
-    for first, last in [(0, 4), *[(i, i + 1) for i in range(4, 9)]]:
-        hidden = head.embed(input_ids[:, first:last])
-        for span, cache in zip(spans, caches, strict=True):
-            hidden = span(hidden, position=first, cache=cache)
-        logits.append(head.logits(hidden))
-    assert (torch.cat(logits, dim=1) - expected).abs().max() < 1e-5
+    logits, caches = logits_step_by_step(path, input_ids, PARTS, prefill=4)
+    assert (logits - expected).abs().max() < 1e-5
     assert all(cache.length == 9 for cache in caches)
 
 
