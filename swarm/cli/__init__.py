@@ -1,7 +1,8 @@
 """The `swarm` command line. One module per command; each exposes `add_parser(subparsers)` and `run(ns)`.
 
 convert.py: `swarm convert` and `swarm convert-test-model`; demo.py: `swarm demo`; peer.py: `swarm peer join`;
-up.py: `swarm up` (a whole swarm on one machine); status.py: `swarm status`; generate.py: `swarm generate`;
+up.py: `swarm up` (a whole swarm on one machine); dht.py: `swarm dht` (a DHT bootstrap node alone);
+status.py: `swarm status`; generate.py: `swarm generate`;
 prometheus_targets.py: `swarm prometheus-targets` (Prometheus file-SD from the registry); monitor.py: `swarm monitor`
 (the live swarm map); train.py: `swarm train`, `swarm export`, `swarm init-model`; keys.py: `swarm keys init`,
 `swarm keys issue` (private swarms); api.py: `swarm api` (the OpenAI-compatible API on Ray Serve).
@@ -15,11 +16,11 @@ import logging
 import signal
 import sys
 
-from swarm.cli import api, convert, demo, generate, keys, monitor, peer, prometheus_targets, status, train, up
+from swarm.cli import api, convert, demo, dht, generate, keys, monitor, peer, prometheus_targets, status, train, up
 from swarm.errors import SwarmError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-COMMANDS = (convert, demo, keys, peer, up, status, generate, api, monitor, prometheus_targets, train)
+COMMANDS = (convert, demo, keys, dht, peer, up, status, generate, api, monitor, prometheus_targets, train)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,8 +26,11 @@ class ParentBoundDHT(hivemind.DHT):
     def run(self) -> None:
         """In the child: leave the terminal's process group (Ctrl-C is for the parent, which then shuts this node
         down in order, rather than for p2pd, which would die mid-connection and log errors), watch the parent, then
-        serve as hivemind does."""
+        serve as hivemind does. The signal handlers a command set before the fork are not this process's: SIGINT is
+        ignored, and a SIGTERM (multiprocessing's exit when the parent stops while starting) ends it with p2pd."""
         os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda signum, frame: _exit_with_children())
         parent = os.getppid()
         threading.Thread(target=_exit_with_parent, args=(parent,), name="dht-parent-watch", daemon=True).start()
         super().run()
@@ -36,6 +39,10 @@ class ParentBoundDHT(hivemind.DHT):
 def _exit_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(WATCH_PERIOD_S)
+    _exit_with_children()
+
+
+def _exit_with_children() -> None:
     for child in own_children():
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)

@@ -64,3 +64,34 @@ def test_joining_through_a_dead_address_is_a_clear_error() -> None:
             initial_peers=["/ip4/127.0.0.1/tcp/9/p2p/12D3KooWMHr5hjGuPWXKRTModAe6d5XJPPRZTh1etdPTcGrufppx"],
             credentials=OPEN,
         )
+
+
+def test_swarm_dht_is_a_bootstrap_without_ray() -> None:
+    """`swarm dht`: a DHT node alone. Nodes joining through it see each other's records; it runs no Ray process
+    (only itself, its DHT process, the p2p daemon and torch's shared-memory manager) and stops on SIGTERM with exit
+    0, leaving nothing."""
+    import psutil
+
+    from tests.integration.daemons import Daemon
+
+    daemon = Daemon("dht", "--open")
+    try:
+        address = daemon.wait_for(r"initial peers: (\S+)", 60).group(1)
+        announcer = Registry(initial_peers=[address], credentials=OPEN)
+        reader = Registry(initial_peers=[address], client_mode=True, credentials=OPEN)
+        try:
+            assert announcer.announce(info("through-dht", "bootstrapped"), ttl_s=30)
+            assert [p.peer_id for p in reader.peers("bootstrapped")] == ["through-dht"]
+        finally:
+            reader.shutdown()
+            announcer.shutdown()
+        processes = [psutil.Process(daemon.process.pid), *psutil.Process(daemon.process.pid).children(recursive=True)]
+        names = sorted(process.name() for process in processes)
+        assert not [name for name in names if "ray" in name or "gcs" in name], names
+        assert len(processes) <= 4, names
+        assert daemon.terminate(timeout_s=30) == 0
+        assert "DHT node stopped" in daemon.output[-1]
+        _, alive = psutil.wait_procs(processes, timeout=10)
+        assert not alive
+    finally:
+        daemon.kill()

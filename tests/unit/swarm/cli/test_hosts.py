@@ -1,6 +1,6 @@
 """--host and --announce-host on every command that runs a server or a DHT node others dial (`swarm peer join`,
-`swarm up`, `swarm train`), and `host`/`announce_host` in a training job's YAML: parsed, checked, and carried into
-the configs the servers are built from."""
+`swarm up`, `swarm dht`, `swarm train`), and `host`/`announce_host` in a training job's YAML: parsed, checked, and
+carried into the configs the servers are built from."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from swarm.training.config import config_from_dict, load_config
 
 JOIN = ["peer", "join", "--open", "--model", "m"]
 UP = ["up", "--open", "--model", "m"]
+DHT = ["dht", "--open"]
 TRAIN = ["train", "job.yaml"]
 JOB = {"run_id": "r", "model": "m", "credentials": "open", "data": {"path": "d"}}
 
 
-@pytest.mark.parametrize("command", [JOIN, UP], ids=["peer join", "up"])
+@pytest.mark.parametrize("command", [JOIN, UP, DHT], ids=["peer join", "up", "dht"])
 def test_daemons_default_to_loopback_and_take_both_flags(command: list[str]) -> None:
     ns = build_parser().parse_args(command)
     assert (ns.host, ns.announce_host) == ("127.0.0.1", "")
@@ -35,7 +36,7 @@ def test_train_flags_override_the_job_config_only_when_given() -> None:
     assert (ns.host, ns.announce_host) == ("0.0.0.0", "peer.example.org")
 
 
-@pytest.mark.parametrize("command", [JOIN, UP, TRAIN], ids=["peer join", "up", "train"])
+@pytest.mark.parametrize("command", [JOIN, UP, DHT, TRAIN], ids=["peer join", "up", "dht", "train"])
 @pytest.mark.parametrize(
     ("flags", "flag", "words"),
     [
@@ -63,7 +64,7 @@ def test_peer_config_carries_both_addresses_to_the_server_and_the_dht_node() -> 
     assert (config.server.host, config.server.announce_host) == ("0.0.0.0", "203.0.113.7")
 
 
-@pytest.mark.parametrize("command", [["peer", "join"], ["up"]], ids=["peer join", "up"])
+@pytest.mark.parametrize("command", [["peer", "join"], ["up"], ["dht"]], ids=["peer join", "up", "dht"])
 def test_a_wildcard_with_no_route_stops_before_anything_starts(
     command: list[str], smollm2_path: Path, monkeypatch, capsys
 ) -> None:
@@ -71,7 +72,8 @@ def test_a_wildcard_with_no_route_stops_before_anything_starts(
         raise OSError(errno.ENETUNREACH, "Network is unreachable")
 
     monkeypatch.setattr(socket.socket, "connect", unreachable)
-    assert main([*command, "--open", "--model", str(smollm2_path), "--host", "0.0.0.0"]) == 2
+    model = [] if command == ["dht"] else ["--model", str(smollm2_path)]
+    assert main([*command, "--open", *model, "--host", "0.0.0.0"]) == 2
     assert "--announce-host: listening on every interface, but no route" in capsys.readouterr().err
 
 
