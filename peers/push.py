@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,11 +21,15 @@ logger = logging.getLogger(__name__)
 
 _END = object()
 _WAKE = object()  # wakes the serving loop to look at a failure
-# The push happens before this peer answers the client, so it must fail fast: a next peer that hangs would
-# otherwise delay this answer past the client's step deadline and get this (healthy) peer blamed. On a failed
-# push the client sends the step itself.
-PUSH_TIMEOUT_S = 0.5
 PUSH_ANSWER_WAIT_S = 0.1  # how long a peer's answer waits to say whether its push went through
+# A push's deadline follows the measured duration of pushes to that target (RTT plus transfer), so a long link is
+# not failed by a constant, and a frozen target holds a push thread only a few of its own round trips. The answer
+# never waits for it (PUSH_ANSWER_WAIT_S), so a generous deadline costs the token nothing.
+PUSH_DEADLINE_ROUND_TRIPS = 4.0
+PUSH_DEADLINE_MIN_S = 0.5
+PUSH_DEADLINE_MAX_S = 10.0
+PUSH_DEADLINE_FIRST_S = 2.0  # before any push to a target has been timed: links up to ~1 s of RTT
+PUSH_SMOOTHING = 0.2  # weight of the latest duration in the moving average
 PUSH_THREADS = 32  # pushes in flight at once; a push holds a thread only while it is sent
 # Messages a session may have waiting: a client sends one step and waits for its answer, a push may come beside
 # it, and chunks of a big step are taken out at once (their bytes are bounded by LimitsConfig.stream_bytes). A
@@ -123,6 +128,28 @@ class Inboxes:
         await inbox.push(step)
 
 
+class PushDeadlines:
+    """Per target address: a moving average of successful push durations, and the deadline derived from it."""
+
+    def __init__(self) -> None:
+        self._average_s: dict[str, float] = {}
+        self._lock = threading.Lock()  # push threads record at once
+
+    def deadline_s(self, address: str) -> float:
+        with self._lock:
+            average = self._average_s.get(address)
+        if average is None:
+            return PUSH_DEADLINE_FIRST_S
+        return min(max(PUSH_DEADLINE_ROUND_TRIPS * average, PUSH_DEADLINE_MIN_S), PUSH_DEADLINE_MAX_S)
+
+    def record(self, address: str, duration_s: float) -> None:
+        with self._lock:
+            average = self._average_s.get(address)
+            self._average_s[address] = (
+                duration_s if average is None else (1 - PUSH_SMOOTHING) * average + PUSH_SMOOTHING * duration_s
+            )
+
+
 class Pusher:
     """Sends Push calls to next peers over cached channels. A failed push is reported, never raised: the client
     then sends the step itself."""
@@ -131,6 +158,7 @@ class Pusher:
         self.max_message_bytes = max_message_bytes
         self._stubs = PeerStubs(credentials, max_message_bytes)
         self._threads = ThreadPoolExecutor(PUSH_THREADS, thread_name_prefix="peer-push")
+        self.deadlines = PushDeadlines()
 
     async def send(self, ran: pb.InferenceStep, output: pb.Tensor) -> bool:
         """Push `output`, the answer to the step `ran`, to the first of its push targets (the rest ride along, and
@@ -154,8 +182,10 @@ class Pusher:
             return True
 
     def _push(self, target: pb.PushTarget, request: pb.PushRequest) -> bool:
+        started = time.monotonic()
         try:
-            self._stubs(target.address).Push(request, timeout=PUSH_TIMEOUT_S)
+            self._stubs(target.address).Push(request, timeout=self.deadlines.deadline_s(target.address))
+            self.deadlines.record(target.address, time.monotonic() - started)
             return True
         except grpc.RpcError as error:
             logger.info("push to %s session=%s failed: %s", target.address, target.session_id, error.code())
