@@ -268,7 +268,7 @@ class PeerService(pb_grpc.PeerServicer):
             rms = tensor.float().pow(2).mean().sqrt()
             tensor = tensor + (torch.randn_like(tensor.float()) * rms * self.config.output_noise_std).to(tensor.dtype)
         try:
-            msg = encode(tensor, CodecId(choice.codec), choice.block_size)
+            msg = encode(tensor, CodecId(choice.codec), choice.block_size, choice.compress_min_bytes)
         except InvalidRequest as error:  # the codec was checked when asked for: it is this peer's output (NaN/Inf)
             raise SwarmError(f"this peer's output cannot be encoded: {error}") from error
         self.metrics.tensor("out", tensor.numel() * tensor.element_size(), msg.ByteSize())

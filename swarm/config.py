@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swarm.codec import DEFAULT_CODEC, CodecId
+from swarm.codec import DEFAULT_CODEC, DEFAULT_COMPRESS_MIN_BYTES, CodecId
 from swarm.errors import InvalidArgument
 from swarm.security import SwarmCredentials
 
@@ -17,6 +17,8 @@ MAX_SPECULATIVE_TOKENS = 32
 class ClientConfig:
     model_name: str = ""  # registry key; "" means the checkpoint directory's name
     codec: CodecId = DEFAULT_CODEC  # how hidden states travel, both ways
+    # Tensors smaller than this travel uncompressed whatever `codec` says (swarm/codec: the reason); 0: never.
+    compress_min_bytes: int = DEFAULT_COMPRESS_MIN_BYTES
     step_timeout_s: float = 30.0  # a peer that does not answer a step within this is failed over
     # A session whose blocks no live peer serves, or whose peers are all full, waits this long for one (peers
     # restart, join, free pages) before raising MissingBlocks or Overloaded.
@@ -45,8 +47,10 @@ class ClientConfig:
                 raise InvalidArgument(name, f"must be > 0, got {getattr(self, name)}")
         if self.wait_for_blocks_s < 0:
             raise InvalidArgument("wait_for_blocks_s", f"must be >= 0, got {self.wait_for_blocks_s}")
-        if self.max_failovers < 0:
-            raise InvalidArgument("max_failovers", f"must be >= 0, got {self.max_failovers}")
+        for name in ("max_failovers", "compress_min_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(name, f"must be an int >= 0, got {value!r}")
         if not isinstance(self.codec, CodecId):
             names = ", ".join(codec.name for codec in CodecId)
             raise InvalidArgument("codec", f"expected a CodecId ({names}), got {self.codec!r}")

@@ -90,12 +90,14 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., block_size: _Optional[int] = ..., payload: _Optional[bytes] = ..., scales: _Optional[bytes] = ..., chunk_index: _Optional[int] = ..., num_chunks: _Optional[int] = ..., outliers: _Optional[int] = ..., outlier_indices: _Optional[bytes] = ..., outlier_values: _Optional[bytes] = ..., scale_dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class CodecChoice(_message.Message):
-    __slots__ = ("codec", "block_size")
+    __slots__ = ("codec", "block_size", "compress_min_bytes")
     CODEC_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMPRESS_MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
     codec: Codec
     block_size: int
-    def __init__(self, codec: _Optional[_Union[Codec, str]] = ..., block_size: _Optional[int] = ...) -> None: ...
+    compress_min_bytes: int
+    def __init__(self, codec: _Optional[_Union[Codec, str]] = ..., block_size: _Optional[int] = ..., compress_min_bytes: _Optional[int] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
     __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "position", "response_codec", "request_id")

@@ -82,6 +82,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             max_retries=config.max_failovers,
             metrics=self.metrics,
             credentials=self.credentials,
+            compress_min_bytes=config.compress_min_bytes,
         )
         # Per thread and per asyncio task, not per object: asyncio.to_thread copies the caller's context into its
         # worker (a threading.local would not follow), and a new thread starts without one. Made per model so
@@ -141,6 +142,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             self.metrics,
             credentials=self.credentials,
             wait_s=config.wait_for_blocks_s,
+            compress_min_bytes=config.compress_min_bytes,
         )
         if config.verify_fraction > 0:
             session.enable_verification(config.verify_fraction, config.verify_margin)

@@ -49,10 +49,12 @@ class RemoteSequential(torch.nn.Module):
         metrics: ClientMetrics | None = None,
         *,
         credentials: SwarmCredentials,
+        compress_min_bytes: int = 0,
     ) -> None:
         super().__init__()
         self.metrics = metrics or ClientMetrics("")
         self.router, self.peers, self.need, self.codec = router, peers, need, codec
+        self.compress_min_bytes = compress_min_bytes
         self.timeout_s, self.max_retries = timeout_s, max_retries
         self.stub = PeerStubs(credentials)
 
@@ -101,7 +103,7 @@ class RemoteSequential(torch.nn.Module):
         passes the output checks (swarm/client/checks.py) against `hidden`, whose shape it must have."""
         header = {"protocol_version": pb.PROTOCOL_VERSION_CURRENT, "position": position}
         header |= {"start_block": hop.span.start, "end_block": hop.span.end}
-        choice = pb.CodecChoice(codec=int(self.codec))
+        choice = pb.CodecChoice(codec=int(self.codec), compress_min_bytes=self.compress_min_bytes)
         stub = self.stub(hop.address)
         try:
             if grad is None:
@@ -125,7 +127,9 @@ class RemoteSequential(torch.nn.Module):
         return checked_output(whole, hidden, hop.address)
 
     def _chunks(self, tensor: torch.Tensor) -> list[pb.Tensor]:
-        return list(split(encode(tensor.detach(), self.codec), CHUNK_BYTES))
+        return list(
+            split(encode(tensor.detach(), self.codec, compress_min_bytes=self.compress_min_bytes), CHUNK_BYTES)
+        )
 
 
 class _Retries:

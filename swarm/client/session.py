@@ -91,8 +91,10 @@ class InferenceSession:
         *,
         credentials: SwarmCredentials,
         wait_s: float | None = None,
+        compress_min_bytes: int = 0,
     ) -> None:
         self.router, self.peers, self.codec, self.credentials = router, peers, codec, credentials
+        self.compress_min_bytes = compress_min_bytes
         self.wait_s = step_timeout_s if wait_s is None else wait_s
         self.metrics = metrics or ClientMetrics("")
         self.batch_size, self.max_length = batch_size, max_length
@@ -115,7 +117,10 @@ class InferenceSession:
         self._verifier = Verifier(self.router, self.peers, self._stream, self._tokens, policy, self.metrics, rng)
 
     def _stream(self, hop: Hop) -> SpanSession:
-        return SpanSession(hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s, self.credentials)
+        return SpanSession(
+            hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s, self.credentials,
+            self.compress_min_bytes,
+        )  # fmt: skip
 
     def step(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor:
         """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last output.

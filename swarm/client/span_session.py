@@ -42,8 +42,10 @@ class SpanSession:
         codec: CodecId,
         step_timeout_s: float,
         credentials: SwarmCredentials,
+        compress_min_bytes: int = 0,
     ) -> None:
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
+        self.compress_min_bytes = compress_min_bytes
         self.session_id = uuid.uuid4().hex
         options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
         self._channel = credentials.channel(hop.address, options)
@@ -56,7 +58,7 @@ class SpanSession:
             end_block=hop.span.end,
             batch_size=batch_size,
             max_length=max_length,
-            response_codec=pb.CodecChoice(codec=int(codec)),
+            response_codec=pb.CodecChoice(codec=int(codec), compress_min_bytes=compress_min_bytes),
         )
         self._requests.put(pb.InferenceRequest(open=opening))
         self._call = pb_grpc.PeerStub(self._channel).Inference(iter(self._requests.get, None))
@@ -84,7 +86,7 @@ class SpanSession:
     ) -> None:
         """Send new tokens' hidden states [batch, new_tokens, hidden] at `position` as step `step_id`; with
         `hypo_ids` (beam search), row i first continues from row hypo_ids[i]'s cache."""
-        for chunk in split(encode(hidden, self.codec), MAX_MESSAGE_BYTES):
+        for chunk in split(encode(hidden, self.codec, compress_min_bytes=self.compress_min_bytes), MAX_MESSAGE_BYTES):
             step = pb.InferenceStep(
                 step_id=step_id, position=position, hidden_states=chunk, push_to=push_to, hypo_ids=hypo_ids
             )

@@ -17,10 +17,18 @@ from swarm.codec.chunking import join, split
 
 DEFAULT_CODEC = CodecId.INT8_HADAMARD
 DEFAULT_BLOCK_SIZE = int8_hadamard.Int8Hadamard.default_block_size
+# Below this many bytes (in the tensor's own dtype) hidden states travel uncompressed by default: a decode step's
+# few KB save well under a millisecond even at 100 Mbit/s, while the 8-bit codec costs ~3 ms of CPU per hop and a
+# rounding; from ~64 KB up (a prefill, a batch of a big model) it saves more link time than it costs (README,
+# "Choosing the 8-bit codec").
+DEFAULT_COMPRESS_MIN_BYTES = 65536
 
 
-def encode(tensor: torch.Tensor, codec: CodecId, block_size: int = 0) -> pb.Tensor:
-    """Encode `tensor` with `codec` (block_size 0: the codec's default). See Codec.encode for errors."""
+def encode(tensor: torch.Tensor, codec: CodecId, block_size: int = 0, compress_min_bytes: int = 0) -> pb.Tensor:
+    """Encode `tensor` with `codec` (block_size 0: the codec's default), or uncompressed when it holds fewer than
+    `compress_min_bytes` bytes. See Codec.encode for errors."""
+    if tensor.numel() * tensor.element_size() < compress_min_bytes:
+        codec, block_size = CodecId.NONE, 0
     return get_codec(codec).encode(tensor, block_size)
 
 
@@ -33,6 +41,7 @@ __all__ = [
     "CODECS",
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_CODEC",
+    "DEFAULT_COMPRESS_MIN_BYTES",
     "Codec",
     "CodecId",
     "decode",

@@ -157,3 +157,15 @@ def test_standard_grpc_health_service_reports_serving(peer_servers) -> None:
     with grpc.insecure_channel(peer_servers[0].address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_small_answers_travel_uncompressed_below_compress_min_bytes(stubs) -> None:
+    """A session asking for the 8-bit codec above 64 KiB gets a one-token decode step back uncompressed (exact) and
+    a 64-token prefill (147 KB) compressed: the size rule the client's default follows (swarm/codec)."""
+    tokens = torch.randn(1, 65, 576, generator=torch.Generator().manual_seed(5))
+    choice = pb.CodecChoice(codec=pb.CODEC_INT8_HADAMARD, compress_min_bytes=65536)
+    steps = [(0, tokens[:, :64]), (64, tokens[:, 64:])]
+    requests = session_requests(uuid.uuid4().hex, steps, max_length=80, response_codec=choice)
+    prefill, decode_step = list(stubs[0].Inference(requests, timeout=120))
+    assert prefill.hidden_states.codec == pb.CODEC_INT8_HADAMARD
+    assert decode_step.hidden_states.codec == pb.CODEC_NONE

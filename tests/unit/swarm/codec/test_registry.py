@@ -39,3 +39,13 @@ def test_a_message_without_codec_is_refused() -> None:
     msg.codec = pb.CODEC_UNSPECIFIED
     with pytest.raises(UnknownCodecError, match="unknown codec id 0"):
         decode(msg)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tensors_below_compress_min_bytes_travel_uncompressed_and_exact(dtype: torch.dtype) -> None:
+    decode_step = torch.randn(1, 1, 576).to(dtype)  # 2.3 KB in float32
+    prefill = torch.randn(1, 64, 576).to(dtype)  # 147 KB in float32, 74 KB in bfloat16
+    small = encode(decode_step, CodecId.INT8_HADAMARD, compress_min_bytes=65536)
+    assert small.codec == pb.CODEC_NONE and torch.equal(decode(small), decode_step)
+    assert encode(prefill, CodecId.INT8_HADAMARD, compress_min_bytes=65536).codec == pb.CODEC_INT8_HADAMARD
+    assert encode(decode_step, CodecId.INT8_HADAMARD).codec == pb.CODEC_INT8_HADAMARD  # 0: always the codec
