@@ -1,6 +1,7 @@
-"""One gRPC channel per peer address, shared by every call a component makes: the client's forward/backward
-calls, its RTT pings, and a peer's pushes to the next peer. Channels come from the swarm's credentials: TLS and
-signed calls in a private swarm, plaintext in an open one (swarm/security/credentials.py)."""
+"""One gRPC channel per peer address, shared by every call a component makes: the client's RTT pings and its
+inference sessions (so a generation finds its connections open: no TCP, HTTP/2 or TLS handshake, no slow start on
+the prompt), its forward/backward calls, and a peer's pushes to the next peer. Channels come from the swarm's
+credentials: TLS and signed calls in a private swarm, plaintext in an open one (swarm/security/credentials.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.security import SwarmCredentials
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+# A channel whose peer went away retries its connection with exponential backoff (gRPC's default reaches 120 s),
+# failing calls meanwhile; a peer restarted at the same address must be reachable within seconds.
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 class PeerStubs:
@@ -28,22 +32,26 @@ class PeerStubs:
         self.options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            *RECONNECT_OPTIONS,
         ]
-        self._stubs: dict[str, pb_grpc.PeerStub] = {}
-        self._channels: list[grpc.Channel] = []
+        self._entries: dict[str, tuple[Any, grpc.Channel]] = {}  # address -> (stub, its channel)
         self._lock = threading.Lock()
 
     def __call__(self, address: str) -> Any:
         with self._lock:
-            if address not in self._stubs:
+            if address not in self._entries:
                 channel = self.credentials.channel(address, self.options)
-                self._channels.append(channel)
-                self._stubs[address] = self.stub_type(channel)
-            return self._stubs[address]
+                self._entries[address] = (self.stub_type(channel), channel)
+            return self._entries[address][0]
+
+    def forget(self, address: str) -> None:
+        """The next call to `address` gets a new channel (after a failure: a fresh connection, no backoff). The old
+        one is not closed, since calls of others may still run on it; it closes once they drop it."""
+        with self._lock:
+            self._entries.pop(address, None)
 
     def close(self) -> None:
         with self._lock:
-            for channel in self._channels:
+            for _, channel in self._entries.values():
                 channel.close()
-            self._channels.clear()
-            self._stubs.clear()
+            self._entries.clear()

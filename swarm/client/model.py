@@ -143,6 +143,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             credentials=self.credentials,
             wait_s=config.wait_for_blocks_s,
             compress_min_bytes=config.compress_min_bytes,
+            stubs=self.view.stubs,
         )
         if config.verify_fraction > 0:
             session.enable_verification(config.verify_fraction, config.verify_margin)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swarm._proto import swarm_pb2 as pb
+from swarm.channels import PeerStubs
 from swarm.client.checks import tolerance
 from swarm.client.metrics import ClientMetrics
 from swarm.client.pace import HopPace
@@ -92,9 +93,11 @@ class InferenceSession:
         credentials: SwarmCredentials,
         wait_s: float | None = None,
         compress_min_bytes: int = 0,
+        stubs: PeerStubs | None = None,
     ) -> None:
+        """`stubs`: channels shared with the caller's other sessions and RTT pings (a channel per stream without)."""
         self.router, self.peers, self.codec, self.credentials = router, peers, codec, credentials
-        self.compress_min_bytes = compress_min_bytes
+        self.compress_min_bytes, self.stubs = compress_min_bytes, stubs
         self.wait_s = step_timeout_s if wait_s is None else wait_s
         self.metrics = metrics or ClientMetrics("")
         self.batch_size, self.max_length = batch_size, max_length
@@ -119,7 +122,7 @@ class InferenceSession:
     def _stream(self, hop: Hop) -> SpanSession:
         return SpanSession(
             hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s, self.credentials,
-            self.compress_min_bytes,
+            self.compress_min_bytes, self.stubs,
         )  # fmt: skip
 
     def step(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor:
@@ -214,6 +217,8 @@ class InferenceSession:
         """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing."""
         failed = self._hops.pop(index)
         failed.session.close()
+        if self.stubs is not None:  # whatever failed, the next session to that address starts a new connection
+            self.stubs.forget(failed.hop.address)
         if self._verifier is not None:
             self._verifier.forget(failed.hop)
         self.router.release((failed.hop,), self._tokens)

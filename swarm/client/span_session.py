@@ -17,6 +17,7 @@ import torch
 
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.channels import PeerStubs
 from swarm.client.checks import checked_output
 from swarm.codec import CodecId, encode, join, split
 from swarm.errors import DeadlineExceeded, InvalidOutput, InvalidRequest, PeerUnavailable, error_for
@@ -43,12 +44,17 @@ class SpanSession:
         step_timeout_s: float,
         credentials: SwarmCredentials,
         compress_min_bytes: int = 0,
+        stubs: PeerStubs | None = None,
     ) -> None:
+        """With `stubs` the stream runs on their shared channel to the peer (left open at close); without, on a
+        channel of its own."""
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
         self.compress_min_bytes = compress_min_bytes
         self.session_id = uuid.uuid4().hex
-        options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
-        self._channel = credentials.channel(hop.address, options)
+        self._channel: grpc.Channel | None = None
+        if stubs is None:
+            self._channel = credentials.channel(hop.address, [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
+        self._stub = pb_grpc.PeerStub(self._channel) if stubs is None else stubs(hop.address)
         self._requests: queue.Queue[pb.InferenceRequest | None] = queue.Queue()
         self._responses: queue.Queue[object] = queue.Queue()
         opening = pb.InferenceOpen(
@@ -61,7 +67,7 @@ class SpanSession:
             response_codec=pb.CodecChoice(codec=int(codec), compress_min_bytes=compress_min_bytes),
         )
         self._requests.put(pb.InferenceRequest(open=opening))
-        self._call = pb_grpc.PeerStub(self._channel).Inference(iter(self._requests.get, None))
+        self._call = self._stub.Inference(iter(self._requests.get, None))
         threading.Thread(target=self._read, name=f"session-{hop.address}", daemon=True).start()
 
     @property
@@ -129,7 +135,7 @@ class SpanSession:
     def probe(self) -> Callable[[], bool]:
         """Start a health call; the function returned tells (waiting for the call, at most PROBE_TIMEOUT_S) whether
         the peer answered it. A frozen process (SIGSTOP, a paused VM) does not; a busy one does."""
-        call = pb_grpc.PeerStub(self._channel).Health.future(pb.HealthRequest(), timeout=PROBE_TIMEOUT_S)
+        call = self._stub.Health.future(pb.HealthRequest(), timeout=PROBE_TIMEOUT_S)
 
         def answered() -> bool:
             try:
@@ -159,7 +165,8 @@ class SpanSession:
     def close(self) -> None:
         self._requests.put(None)
         self._call.cancel()
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
 
 
 class _Wait:

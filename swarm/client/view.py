@@ -27,7 +27,7 @@ class SwarmView:
         self.registry, self.model, self.refresh_s = registry, model, refresh_s
         self._peers: list[PeerInfo] = []
         self._rtt_s: dict[str, float] = {}
-        self._stubs = PeerStubs(credentials)
+        self.stubs = PeerStubs(credentials)  # shared with the model's inference sessions: connections stay warm
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.refresh()
@@ -58,7 +58,7 @@ class SwarmView:
                 continue
             started = time.perf_counter()
             try:
-                self._stubs(peer.address).Health(pb.HealthRequest(), timeout=2.0)
+                self.stubs(peer.address).Health(pb.HealthRequest(), timeout=2.0)
             except grpc.RpcError:
                 continue  # failures are the router's and the bans' business, not the RTT's
             sample = time.perf_counter() - started
@@ -69,7 +69,7 @@ class SwarmView:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(self.refresh_s + 5)
-        self._stubs.close()
+        self.stubs.close()
 
     def _run(self) -> None:
         while True:

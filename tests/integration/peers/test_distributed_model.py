@@ -156,6 +156,41 @@ def test_the_view_measures_round_trip_times_for_the_router(model) -> None:
     assert model.router.rtt_s == model.view.rtt_s
 
 
+def test_generations_reuse_the_connections_the_view_opened(model) -> None:
+    """Each generate() runs new sessions, on the TCP connections the model already holds to the peers (its RTT
+    pings opened them): no new handshake, no slow start on the prompt. The peers run in this process, so their
+    pushes' connections (peer to peer, opened by the first generation, kept as well) are seen too."""
+    import psutil
+
+    ports = {int(peer.address.rsplit(":", 1)[1]) for peer in model.view.peers()}
+
+    def connections_to_peers() -> set[tuple]:
+        return {
+            (c.laddr, c.raddr)
+            for c in psutil.Process().net_connections(kind="tcp")
+            if c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED
+        }
+
+    model.view.measure_rtt()
+    pinged = connections_to_peers()
+    assert len(pinged) >= len(ports) == 2
+    model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3)
+    opened = connections_to_peers()
+    assert pinged <= opened
+    seen: list[set[tuple]] = []
+
+    class Snapshots:  # a streamer: the connections while the generation runs, at each token
+        def put(self, value) -> None:
+            seen.append(connections_to_peers())
+
+        def end(self) -> None:
+            pass
+
+    for _ in range(2):
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, streamer=Snapshots())
+    assert len(seen) >= 6 and all(connections == opened for connections in seen)
+
+
 def test_concurrent_generate_calls_on_one_model_equal_each_call_alone(model, reference) -> None:
     _, tokenizer = reference
     prompts = [tokenizer(prompt, return_tensors="pt").input_ids for prompt in THREAD_PROMPTS]
