@@ -44,7 +44,9 @@ class ReplicaChurn:
     job: Any  # swarm.training.job.TrainingJob, started
     period_s: float
     seed: int = 0
+    max_kills: int | None = None  # stop killing once this many replicas were killed (None: until stop())
     kills: int = 0
+    last_kill_at: float | None = None  # time.monotonic() of the latest kill
     skipped: int = 0  # periods a stage was spared because one of its replicas was still restarting
     sweeps: list[Sweep] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -61,6 +63,26 @@ class ReplicaChurn:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
+
+    @property
+    def done_killing(self) -> bool:
+        """The kill budget is spent: the job runs on undisturbed (and is still watched) until it ends."""
+        return self.max_kills is not None and self.kills >= self.max_kills
+
+    def rejoined_after_the_last_kill(self) -> set[str]:
+        """The stages every replica of which answered (the killed one restarted and took the state) after the
+        latest kill."""
+        after = self.last_kill_at if self.last_kill_at is not None else float("-inf")
+        return {sweep.stage for sweep in self.sweeps if sweep.at > after and sweep.complete}
+
+    def wait_rejoined(self, timeout_s: float) -> set[str]:
+        """Wait until every stage had all of its replicas answer after the latest kill (the killed ones were
+        restarted and joined), at most `timeout_s`; returns the stages that did."""
+        stages = {f"{start}-{end}" for start, end in self.job.stages}
+        deadline = time.monotonic() + timeout_s
+        while self.rejoined_after_the_last_kill() != stages and time.monotonic() < deadline:
+            time.sleep(WATCH_PERIOD_S)
+        return self.rejoined_after_the_last_kill()
 
     def steps_went_back(self) -> list[str]:
         """A stage's committed step (the lowest step of its replicas when all of them answered: every replica
@@ -86,7 +108,7 @@ class ReplicaChurn:
         import ray
 
         chooser = random.Random(self.seed)
-        while not self._stop.wait(self.period_s):
+        while not self._stop.wait(self.period_s) and not self.done_killing:
             for span, actors in self.job.stages.items():
                 try:  # only while every replica serves: never the last one holding the stage's state
                     infos = ray.get([actor.info.remote() for actor in actors], timeout=5)
@@ -96,6 +118,7 @@ class ReplicaChurn:
                     continue
                 os.kill(chooser.choice(infos)["pid"], signal.SIGKILL)
                 self.kills += 1
+                self.last_kill_at = time.monotonic()
 
     def _watch_loop(self) -> None:
         import ray

@@ -27,8 +27,8 @@ OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for ex
 
 TTL = 6.0
 NEW_TOKENS = 12
-TRIALS = 6  # per kind of failure: each trial strikes a random peer at a random step
-DRAIN_TRIALS = 5  # each SIGTERM trial waits for a fresh peer to load its blocks and join (~20 s): kept bounded
+TRIALS = 3  # per kind of failure: each trial strikes a random peer at a random step (was 6; the suite's time)
+DRAIN_TRIALS = 2  # each SIGTERM trial waits for a fresh peer to load its blocks and join (~25 s): kept bounded
 FROZEN_STALL_S = 2.0  # the longest a frozen peer may hold up a token; waiting out the step timeout takes > 10 s
 PROMPT = "The ferry crossed the river every morning, and"
 SLOTS = {"a": "0:15", "b": "0:15", "c": "15:30", "d": "15:30"}

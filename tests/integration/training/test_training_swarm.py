@@ -3,7 +3,8 @@ gradients.
 
 The loss approaches the single-process reference's after the same samples in the same number of steps; the
 replicas of a stage end with the same parameters (every step averaged their gradients); with one replica of each
-stage SIGKILLed every 20 s, training still finishes, no step counter goes back and the loss stays near the
+stage SIGKILLed every 20 s (until two periods of kills were made; every killed replica comes back and rejoins),
+training still finishes, no step counter goes back and the loss stays near the
 undisturbed run's; stages checkpoint; training resumes from checkpoints after every replica died; `swarm export`
 gives a checkpoint that transformers loads.
 """
@@ -27,6 +28,9 @@ from swarm.training.reference import evaluate_reference, train_reference
 STEPS = 16
 STAGES = [[0, 4], [4, 8]]
 CHURN_PERIOD_S = 20.0
+CHURN_KILLS = 2 * len(STAGES)  # two periods of kills: each kill costs a restart (10-20 s under load) and a state
+# download, and the claim (a killed replica is replaced, nothing is lost, the loss holds) needs no more of them
+REJOIN_TIMEOUT_S = 180.0  # under a load average of 20-30 a killed replica was not back 40 s after its kill
 
 
 @dataclass
@@ -59,11 +63,13 @@ def swarm_run(make_config, small_llama, local_ray, tmp_path_factory) -> SwarmRun
         job.start()
         progress = job.wait()
         parameters = {span: ray.get([a.parameters.remote() for a in actors]) for span, actors in job.stages.items()}
-        yield SwarmRun(config, progress, job.eval_loss(), job.stage_infos(), parameters)
+        run = SwarmRun(config, progress, job.eval_loss(), job.stage_infos(), parameters)
     finally:
-        job.stop()
+        job.stop()  # at once: idle replicas and trainers (DHTs, averagers) would slow the module's other runs
+    return run
 
 
+@pytest.mark.timeout(600)  # the first test builds the module's swarm run: 211 s on CI, over 300 s under heavy load
 def test_loss_approaches_single_process_training(swarm_run):
     progress = swarm_run.progress
     steps = progress["step"]  # the same samples in the same number of steps, as the swarm took them
@@ -92,8 +98,9 @@ def test_training_survives_a_replica_of_each_stage_killed_every_20_s(swarm_run, 
     job, churn = TrainingJob(config), None
     try:
         job.start()
-        churn = ReplicaChurn(job, CHURN_PERIOD_S).start()
+        churn = ReplicaChurn(job, CHURN_PERIOD_S, max_kills=CHURN_KILLS).start()
         progress = job.wait()
+        rejoined = churn.wait_rejoined(REJOIN_TIMEOUT_S)  # the last kills' replacements, even near the end
         churn.stop()
         churn_loss = job.eval_loss()
     finally:
@@ -102,7 +109,8 @@ def test_training_survives_a_replica_of_each_stage_killed_every_20_s(swarm_run, 
         job.stop()
     gap = (churn_loss - swarm_run.eval_loss) / swarm_run.eval_loss
     print(f"{churn.kills} kills; loss {churn_loss:.4f} vs {swarm_run.eval_loss:.4f} without churn ({gap:+.2%})")
-    assert churn.kills >= 2 * len(STAGES), churn.kills  # at least two periods of kills
+    assert churn.kills >= CHURN_KILLS, churn.kills  # at least two periods of kills
+    assert rejoined == {f"{start}-{end}" for start, end in STAGES}, f"only {rejoined} came back after the last kill"
     assert churn.steps_went_back() == []
     assert progress["step"] >= STEPS
     assert math.isfinite(progress["loss"]) and math.isfinite(churn_loss)
