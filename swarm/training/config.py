@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ class AveragingConfig:
     timeout_s: float = 30.0  # an averaging round that takes longer falls back to local gradients
     state_every: int = 5  # also average parameters every N steps (repairs drift between replicas)
     group_size: int = 0  # replicas an averaging round waits for before it starts (0: replicas_per_stage)
+    overlap: bool = True  # replicas keep serving during a round; what they compute meanwhile goes to the next step
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,7 @@ class TrainConfig:
     mixed_precision: bool = True  # bf16 autocast where the device supports it (CUDA)
     activation_checkpointing: bool = False
     threads: int = 1  # torch threads per stage replica
-    inflight: int = 2  # micro-batches each trainer keeps in flight
+    inflight: int = 0  # micro-batches each trainer keeps in flight; 0: from the pipeline depth (in_flight())
     max_retries: int = 8  # failed calls per micro-batch before it is dropped
     call_timeout_s: float = 120.0
     initial_peers: tuple[str, ...] = ()
@@ -111,6 +113,13 @@ class TrainConfig:
     def dht_key(self) -> str:
         """The model name under which the run's stage replicas announce themselves."""
         return f"{self.run_id}.train"
+
+    def in_flight(self, num_stages: int) -> int:
+        """Micro-batches each trainer keeps in flight: `inflight`, or enough for every replica of every stage to
+        have one (the trainers share them), plus one being coded or on the wire: a 1F1B-like steady state."""
+        if self.inflight:
+            return self.inflight
+        return math.ceil(num_stages * self.replicas_per_stage / self.trainers) + 1
 
     def stage_spans(self, total_blocks: int) -> list[tuple[int, int]]:
         """The stages' block spans, checked to tile [0, total_blocks) exactly."""
@@ -198,7 +207,9 @@ def _check(config: TrainConfig) -> None:
         raise InvalidRequest(f"data.tokenizer must be 'bytes' or 'model', got {config.data.tokenizer!r}")
     positive = {"micro_batch": config.micro_batch, "target_batch": config.target_batch, "steps": config.steps}
     positive |= {"replicas_per_stage": config.replicas_per_stage, "trainers": config.trainers}
-    positive |= {"data.seq_len": config.data.seq_len, "inflight": config.inflight}
+    positive |= {"data.seq_len": config.data.seq_len}
     for name, value in positive.items():
         if not isinstance(value, int) or value < 1:
             raise InvalidRequest(f"config: {name} must be a positive integer, got {value!r}")
+    if not isinstance(config.inflight, int) or config.inflight < 0:
+        raise InvalidRequest(f"config: inflight must be 0 (from the pipeline depth) or more, got {config.inflight!r}")
