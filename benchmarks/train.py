@@ -31,7 +31,8 @@ def make_config(model: Path, args: argparse.Namespace, run_id: str, replicas: in
         "run_id": run_id, "model": str(model), "num_stages": 2, "replicas_per_stage": replicas, "trainers": 2,
         "inflight": args.inflight, "data": {"path": str(DATA), "tokenizer": "bytes", "seq_len": args.seq_len},
         "micro_batch": 8, "target_batch": args.target_batch, "steps": args.steps, "optimizer": {"lr": 0.003},
-        "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0, "overlap": not args.no_overlap},
+        "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0, "overlap": not args.no_overlap,
+                      "compression": args.averaging_compression},
         "credentials": "open",
     })  # fmt: skip
 
@@ -149,6 +150,8 @@ def main() -> None:
     parser.add_argument("--churn-period", type=float, default=20.0)
     parser.add_argument("--inflight", type=int, default=0, help="micro-batches per trainer (0: from the pipeline)")
     parser.add_argument("--no-overlap", action="store_true", help="replicas stop serving during averaging rounds")
+    parser.add_argument("--averaging-compression", default="none", help="none, float16 or 8bit")
+    parser.add_argument("--phases", default="local,swarm,churn", help="which phases to run (comma-separated)")
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds per swarm phase")
     args = parser.parse_args()
 
@@ -159,9 +162,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = write_random_llama(Path(tmp) / "model", layers=args.layers, hidden=args.hidden, vocab=256)
         connect_ray(None)
-        local = run_local(make_config(model, args, "bench-local", 1))
-        swarm = run_swarm(make_config(model, args, "bench-swarm", args.replicas), args.deadline)
-        churn = run_swarm(make_config(model, args, "bench-churn", args.replicas), args.deadline, args.churn_period)
+        phases, skipped = args.phases.split(","), {"samples_per_s": math.nan, "final_loss": math.nan}
+        local = run_local(make_config(model, args, "bench-local", 1)) if "local" in phases else skipped
+        swarm, churn = skipped, skipped
+        if "swarm" in phases:
+            swarm = run_swarm(make_config(model, args, "bench-swarm", args.replicas), args.deadline)
+        if "churn" in phases:
+            config = make_config(model, args, "bench-churn", args.replicas)
+            churn = run_swarm(config, args.deadline, args.churn_period)
     result = {
         "benchmark": "train", "layers": args.layers, "hidden": args.hidden, "steps": args.steps,
         "target_batch": args.target_batch, "local_samples_per_s": local["samples_per_s"],
@@ -170,6 +178,7 @@ def main() -> None:
         "final_loss_local": local["final_loss"], "final_loss_swarm": swarm["final_loss"],
         "final_loss_churn": churn["final_loss"], "swarm": swarm, "churn": churn,
         "replicas_per_stage": args.replicas, "inflight": args.inflight, "overlap": not args.no_overlap,
+        "averaging_compression": args.averaging_compression,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
     }  # fmt: skip
     print(json.dumps(result), flush=True)

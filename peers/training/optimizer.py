@@ -293,6 +293,7 @@ def build_optimizer(
         # the first one waits for the others. (averager_opts reach only the state averager in hivemind 1.1.12.)
         grad_averager_factory=functools.partial(GradientAverager, warn=False, **matchmaking),
         averager_opts=matchmaking,
+        grad_compression=_compression(averaging.compression),
         tracker_opts={
             "min_refresh_period": 0.1,
             "max_refresh_period": 0.5,
@@ -305,3 +306,21 @@ def build_optimizer(
         collaborative.round_samples or collaborative.grad_averager.local_samples_accumulated
     )
     return collaborative
+
+
+def _compression(name: str) -> Any:
+    """hivemind's codec for the gradients a round sends (config.AVERAGING_COMPRESSIONS); 8bit keeps small tensors
+    (norms) in float16, where 8 bits would cost more error than they save bytes."""
+    from hivemind.compression import (
+        Float16Compression,
+        NoCompression,
+        SizeAdaptiveCompression,
+        Uniform8BitQuantization,
+    )
+
+    if name == "float16":
+        return Float16Compression()
+    if name == "8bit":
+        eight_bit = Uniform8BitQuantization()
+        return SizeAdaptiveCompression(threshold=2**16, less=Float16Compression(), greater_equal=eight_bit)
+    return NoCompression()

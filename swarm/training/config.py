@@ -53,6 +53,9 @@ class OptimizerConfig:
     eight_bit: bool = False  # bitsandbytes' AdamW8bit instead of torch's AdamW
 
 
+AVERAGING_COMPRESSIONS = ("none", "float16", "8bit")
+
+
 @dataclass(frozen=True, slots=True)
 class AveragingConfig:
     matchmaking_s: float = 1.0  # how long the first replica in a round waits for the others
@@ -60,6 +63,7 @@ class AveragingConfig:
     state_every: int = 5  # also average parameters every N steps (repairs drift between replicas)
     group_size: int = 0  # replicas an averaging round waits for before it starts (0: replicas_per_stage)
     overlap: bool = True  # replicas keep serving during a round; what they compute meanwhile goes to the next step
+    compression: str = "none"  # gradients between replicas: none (fp32), float16, or 8bit (8 bits for big tensors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +207,9 @@ def _check(config: TrainConfig) -> None:
         check_announce_host(config.announce_host, "announce_host")
     if config.codec not in CodecId.__members__:
         raise InvalidRequest(f"config: codec {config.codec!r} is not one of {sorted(CodecId.__members__)}")
+    if config.averaging.compression not in AVERAGING_COMPRESSIONS:
+        choices, got = list(AVERAGING_COMPRESSIONS), config.averaging.compression
+        raise InvalidRequest(f"averaging.compression must be one of {choices}, got {got!r}")
     if config.data.tokenizer not in ("bytes", "model"):
         raise InvalidRequest(f"data.tokenizer must be 'bytes' or 'model', got {config.data.tokenizer!r}")
     positive = {"micro_batch": config.micro_batch, "target_batch": config.target_batch, "steps": config.steps}
