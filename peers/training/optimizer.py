@@ -131,6 +131,8 @@ class StageOptimizer(hivemind.Optimizer):
                     self.load_state_from_peers()  # the stage stepped without this replica: take its state
                 elif self._gradients_for_this_step():
                     self._apply_step()
+            if self.outside_lock is not None:  # what backwards added during the round (paused, the EMA cannot count)
+                self.tracker.report_local_progress(self.local_epoch, self.grad_averager.local_samples_accumulated)
         finally:
             self.tracker.forced_epoch = None
 
@@ -208,7 +210,6 @@ class StageOptimizer(hivemind.Optimizer):
         averager.local_samples_accumulated += samples
         averager.local_times_accumulated += times
         averager._anchor_batch_size = averager._anchor_batch_size or anchor
-        self.tracker.report_local_progress(self.local_epoch, averager.local_samples_accumulated)
 
     def _apply_step(self) -> None:
         """The update itself (hivemind's state averager steps the optimizer and the epoch), then a new count."""
@@ -223,10 +224,8 @@ class StageOptimizer(hivemind.Optimizer):
         self.tracker.update_epoch(new_epoch=self.state_averager.local_epoch)
         self._should_check_synchronization_on_update = True
         self.state_averager.state_sharing_priority = self.local_epoch
-        if self.outside_lock is None:
+        if self.outside_lock is None:  # else they hold what backwards added during the round: the next step's
             self.grad_averager.reset_accumulated_grads_()
-        else:  # the accumulators hold what backwards added during the round: the next step's first samples
-            self.tracker.report_local_progress(self.local_epoch, self.grad_averager.local_samples_accumulated)
         self.grad_averager.state_sharing_priority = self.local_epoch
 
     @torch.no_grad()

@@ -222,9 +222,7 @@ class StageReplica:
 
     def step_now(self, step: int) -> int:
         """Another replica started `step`: join its averaging round (no-op if this replica is past it)."""
-        with self._locked():
-            if self.optimizer.round_in_flight:
-                return self.step  # this replica is in a round already (the one `step` names, or an earlier one)
+        with self._round_settled():
             step_before, started = self.step, time.perf_counter()
             try:
                 self.optimizer.step_now(step)
@@ -234,6 +232,18 @@ class StageReplica:
                 self.optimizer.zero_grad()  # the step left the averaged gradients in .grad; the next backward adds
             self._count_step(step_before, started)
             return self.step
+
+    @contextlib.contextmanager
+    def _round_settled(self, poll_s: float = 0.02) -> Iterator[None]:
+        """Holds the lock with no averaging round in flight: a StepNow that comes during this replica's own round
+        waits for its outcome (then it is a no-op if the round stepped, or starts the retry its sender is in),
+        rather than being dropped while the two replicas' retries miss each other."""
+        while True:
+            with self._locked():
+                if not self.optimizer.round_in_flight:
+                    yield
+                    return
+            time.sleep(poll_s)
 
     def catch_up(self) -> None:
         """Take the stage's state if the stage stepped without this replica (its side of a round failed while

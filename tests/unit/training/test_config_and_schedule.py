@@ -52,6 +52,12 @@ def test_micro_batches_in_flight_follow_the_pipeline_depth_unless_set() -> None:
         config_from_dict({**BASE, "inflight": -1})
 
 
+def test_averaging_compression_is_one_of_the_known_codecs() -> None:
+    assert config_from_dict({**BASE, "averaging": {"compression": "8bit"}}).averaging.compression == "8bit"
+    with pytest.raises(InvalidRequest, match=r"averaging\.compression must be one of"):
+        config_from_dict({**BASE, "averaging": {"compression": "int4"}})
+
+
 def test_load_config_reads_yaml_and_applies_overrides(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text("run_id: r2\nmodel: m\ndata: {path: d.txt, seq_len: 16}\nsteps: 5\ncredentials: open\n")
