@@ -2,9 +2,11 @@
 
 Run: `python -m benchmarks.train` (part of `make bench`). Prints one JSON object. The model is a random Llama
 (`--layers`, `--hidden`, byte vocabulary) trained on tests/data/eval_text.txt; the swarm has 2 stages, 2 trainers and
-8-bit activations and gradients. Under churn, one replica of each stage is SIGKILLed every `--churn-period` seconds
-(Ray restarts it; it downloads the stage's state before serving). Each phase has a deadline: a phase that does not
-finish in time is reported with `"completed": false` rather than hanging the benchmark.
+8-bit activations and gradients; each trainer keeps as many micro-batches in flight as the pipeline needs
+(`--inflight` fixes it) and replicas keep serving during averaging rounds (with `--overlap`). Under churn,
+one replica of each stage is SIGKILLed every `--churn-period` seconds (Ray restarts it; it downloads the stage's
+state before serving). Each phase has a deadline: a phase that does not finish in time is reported with
+`"completed": false` rather than hanging the benchmark. Each swarm phase carries a `profile` (see profile()).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -26,9 +29,11 @@ def make_config(model: Path, args: argparse.Namespace, run_id: str, replicas: in
 
     return config_from_dict({
         "run_id": run_id, "model": str(model), "num_stages": 2, "replicas_per_stage": replicas, "trainers": 2,
-        "inflight": 1, "data": {"path": str(DATA), "tokenizer": "bytes", "seq_len": args.seq_len},
+        "inflight": args.inflight, "data": {"path": str(DATA), "tokenizer": "bytes", "seq_len": args.seq_len},
         "micro_batch": 8, "target_batch": args.target_batch, "steps": args.steps, "optimizer": {"lr": 0.003},
-        "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0}, "credentials": "open",
+        "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0, "overlap": args.overlap,
+                      "compression": args.averaging_compression},
+        "credentials": "open",
     })  # fmt: skip
 
 
@@ -47,13 +52,16 @@ def run_swarm(config, deadline_s: float, churn_period_s: float | None = None) ->
     churn = None
     try:
         job.start()
+        before, started = _stage_infos(job), time.monotonic()
         if churn_period_s:
             churn = ReplicaChurn(job, churn_period_s).start()
         completed, progress = _wait(job, deadline_s)
+        wall_s = time.monotonic() - started
         if churn is not None:
             churn.stop()
         stages = _stage_infos(job)
         result = {"completed": completed, "samples_per_s": progress["samples_per_s"], "steps": progress["step"]}
+        result["profile"] = profile(progress, before, stages, wall_s)
         result["final_loss"] = job.eval_loss() if completed else math.nan
         result["kills"] = churn.kills if churn else 0
         result["steps_went_back"] = len(churn.steps_went_back()) if churn else 0
@@ -86,6 +94,40 @@ def _stage_infos(job, timeout_s: float = 120.0) -> dict:
             time.sleep(2.0)
 
 
+def profile(progress: dict, before: dict, after: dict, wall_s: float) -> dict:
+    """Per stage, the fraction of the phase its replicas spent computing, averaging and with requests queued
+    (replicas restarted by churn count from zero); per micro-batch, milliseconds of compute, queueing (waiting for
+    a replica), averaging (inside a collaborative step) and transfer (coding, gRPC, network), summed over its
+    calls, and its wall time; bytes the trainers sent and received per sample."""
+    stages = {}
+    for span, replicas in after.items():
+        old = {r["peer_id"]: r for r in before.get(span, [])}
+
+        def grew(key: str, replicas=replicas, old=old) -> float:
+            total = sum(max(0.0, r[key] - old.get(r["peer_id"], {}).get(key, 0.0)) for r in replicas)
+            return round(total / (len(replicas) * wall_s), 3)
+
+        stages[f"{span[0]}-{span[1]}"] = {
+            "busy_fraction": grew("compute_seconds"),
+            "averaging_fraction": grew("averaging_seconds"),
+            "queued_per_replica": grew("queue_seconds"),
+            "forwards_reused": sum(r.get("forwards_reused", 0) for r in replicas),
+        }
+    count = max(progress["micro_batches"], 1)
+    per_micro_batch = {
+        f"{key}_ms": round(1000 * progress[f"{key}_s"] / count, 1)
+        for key in ("compute", "queue", "averaging", "transfer", "micro_batch")
+    }
+    samples = max(progress["samples"], 1)
+    return {
+        "wall_s": round(wall_s, 1),
+        "stages": stages,
+        "per_micro_batch": per_micro_batch,
+        "trainer_bytes_sent_per_sample": round(progress["bytes_sent"] / samples),
+        "trainer_bytes_received_per_sample": round(progress["bytes_received"] / samples),
+    }
+
+
 def _shares(progress: dict, stages: dict) -> dict:
     averaging = sum(r["averaging_seconds"] for replicas in stages.values() for r in replicas)
     compute, transfer = progress["compute_s"], progress["transfer_s"]
@@ -106,18 +148,28 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--replicas", type=int, default=2, help="replicas per stage (swarm and churn phases)")
     parser.add_argument("--churn-period", type=float, default=20.0)
+    parser.add_argument("--inflight", type=int, default=0, help="micro-batches per trainer (0: from the pipeline)")
+    parser.add_argument("--overlap", action="store_true", help="replicas keep serving during averaging rounds")
+    parser.add_argument("--averaging-compression", default="none", help="none, float16 or 8bit")
+    parser.add_argument("--phases", default="local,swarm,churn", help="which phases to run (comma-separated)")
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds per swarm phase")
     args = parser.parse_args()
 
     from swarm.ray_cluster import connect_ray
     from swarm.training.init_model import write_random_llama
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         model = write_random_llama(Path(tmp) / "model", layers=args.layers, hidden=args.hidden, vocab=256)
         connect_ray(None)
-        local = run_local(make_config(model, args, "bench-local", 1))
-        swarm = run_swarm(make_config(model, args, "bench-swarm", args.replicas), args.deadline)
-        churn = run_swarm(make_config(model, args, "bench-churn", args.replicas), args.deadline, args.churn_period)
+        phases, skipped = args.phases.split(","), {"samples_per_s": math.nan, "final_loss": math.nan}
+        local = run_local(make_config(model, args, "bench-local", 1)) if "local" in phases else skipped
+        swarm, churn = skipped, skipped
+        if "swarm" in phases:
+            swarm = run_swarm(make_config(model, args, "bench-swarm", args.replicas), args.deadline)
+        if "churn" in phases:
+            config = make_config(model, args, "bench-churn", args.replicas)
+            churn = run_swarm(config, args.deadline, args.churn_period)
     result = {
         "benchmark": "train", "layers": args.layers, "hidden": args.hidden, "steps": args.steps,
         "target_batch": args.target_batch, "local_samples_per_s": local["samples_per_s"],
@@ -125,7 +177,9 @@ def main() -> None:
         "churn_ratio": churn["samples_per_s"] / swarm["samples_per_s"] if swarm["samples_per_s"] else math.nan,
         "final_loss_local": local["final_loss"], "final_loss_swarm": swarm["final_loss"],
         "final_loss_churn": churn["final_loss"], "swarm": swarm, "churn": churn,
-        "replicas_per_stage": args.replicas,
+        "replicas_per_stage": args.replicas, "inflight": args.inflight, "overlap": args.overlap,
+        "averaging_compression": args.averaging_compression,
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
     }  # fmt: skip
     print(json.dumps(result), flush=True)
 

@@ -94,6 +94,8 @@ class TrainingStagePeer:
         self.replica.on_step_start = self.siblings.start_step
         optimizer.live_replicas = self.siblings.count
         optimizer.sibling_joining = lambda: self.siblings.joining > 0
+        if config.averaging.overlap:
+            optimizer.outside_lock = self.replica.unlocked
         threading.Thread(target=self._checkpoint_loop, daemon=True, name="stage-checkpoints").start()
         threading.Thread(target=self._catch_up_loop, daemon=True, name="stage-catch-up").start()
         logger.info(
@@ -172,6 +174,8 @@ class TrainingStagePeer:
             "averaging_rounds": counters.averaging_rounds,
             "compute_seconds": counters.compute_seconds,
             "averaging_seconds": counters.averaging_seconds,
+            "queue_seconds": counters.queue_seconds,
+            "forwards_reused": counters.forwards_reused,
             "joined_from": self.joined_from,
             "dht_addresses": self.registry.addresses,
             "metrics_address": self.metrics_address,

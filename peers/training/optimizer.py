@@ -11,6 +11,7 @@ really averaged (the linear rule), around the warmup + cosine schedule of swarm/
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -65,6 +66,11 @@ class StageOptimizer(hivemind.Optimizer):
     live_replicas: Callable[[], int] | None = None  # from the stage's DHT records (set by the stage actor)
     sibling_joining: Callable[[], bool] | None = None  # a sibling is taking the stage's state: wait for it
     failed_rounds: int = 0  # consecutive failed averaging rounds of the current step
+    # Averaging off the critical path: waits for a round's all-reduce with the replica's lock released, so that
+    # forwards and backwards go on meanwhile (None: wait holding it). While `round_in_flight`, the replica
+    # accumulates its backwards toward the next step (accumulate_next) and never starts another round.
+    outside_lock: Callable[[], contextlib.AbstractContextManager] | None = None
+    round_in_flight: bool = False
     rounds_averaged: int = 0  # steps whose gradients were averaged with other replicas
 
     def samples_after(self, batch: int) -> int:
@@ -115,6 +121,8 @@ class StageOptimizer(hivemind.Optimizer):
         stepped without downloads the stage's state instead."""
         if grad_scaler is not None:
             raise ValueError("stage optimizers run without a gradient scaler (bf16 autocast needs none)")
+        if self.round_in_flight:
+            return  # this step's round is running with the replica's lock released
         try:
             with self.tracker.pause_updates():
                 if self.tracker.global_epoch > self.local_epoch + 1 or (
@@ -123,6 +131,8 @@ class StageOptimizer(hivemind.Optimizer):
                     self.load_state_from_peers()  # the stage stepped without this replica: take its state
                 elif self._gradients_for_this_step():
                     self._apply_step()
+            if self.outside_lock is not None:  # what backwards added during the round (paused, the EMA cannot count)
+                self.tracker.report_local_progress(self.local_epoch, self.grad_averager.local_samples_accumulated)
         finally:
             self.tracker.forced_epoch = None
 
@@ -140,6 +150,7 @@ class StageOptimizer(hivemind.Optimizer):
             if samples == 0:
                 return False  # nothing to step with (told to step by a sibling that is gone since)
             self.grad_averager.load_accumulators_into_averager_()
+            self.grad_averager.reset_accumulated_grads_()
             self.round_samples, self.failed_rounds = samples, 0
             return True
         if samples == 0:
@@ -147,21 +158,58 @@ class StageOptimizer(hivemind.Optimizer):
         # This replica's sample count travels as gathered metadata: every member then knows the round's total
         # batch, so all scale their rate by the same factor and apply the very same update.
         control = self.grad_averager.schedule_step(timeout=self.averaging_timeout, gather=samples)
-        self.grad_averager.step(control=control, reset_accumulators=False, wait=False)
+        kept = self._set_gradients_aside() if self.outside_lock is not None else None
+        self.grad_averager.step(control=control, reset_accumulators=kept is not None, wait=False)
         try:  # hivemind bounds the round itself (finding a group, then the all-reduce): wait for its verdict
-            gathered = control.result(2 * self.averaging_timeout + ROUND_MARGIN_S)
+            gathered = self._round_result(control)
         except BaseException as error:  # no group, a member died, timeout: keep the gradients for a retry
             if not control.done():
                 control.cancel()
             self.failed_rounds += 1
             logger.warning("averaging round of step %d failed (%d): %r", self.local_epoch, self.failed_rounds, error)
-            if samples == 0:
+            if kept is not None and samples > 0:
+                self._take_gradients_back(kept)
+            elif kept is None and samples == 0:
                 self.grad_averager.reset_accumulated_grads_()  # the zero-gradient sample must not count twice
             return False
         self.round_samples = sum(int(v) for v in gathered.values() if isinstance(v, int))
         self.failed_rounds = 0
         self.rounds_averaged += 1
         return True
+
+    def _round_result(self, control: Any) -> Any:
+        if self.outside_lock is None:
+            return control.result(2 * self.averaging_timeout + ROUND_MARGIN_S)
+        self.round_in_flight = True
+        try:
+            with self.outside_lock():
+                return control.result(2 * self.averaging_timeout + ROUND_MARGIN_S)
+        finally:
+            self.round_in_flight = False
+
+    @torch.no_grad()
+    def accumulate_next(self, batch: int) -> None:
+        """While a round is in flight: count this backward's gradients toward the next step (reported to the
+        tracker once the round's step is applied)."""
+        self.grad_averager.accumulate_grads_(batch)
+
+    def _set_gradients_aside(self) -> tuple[list[torch.Tensor], int, int, int | None]:
+        """A copy of this step's accumulated gradients and counts: the round empties the accumulators for the next
+        step's backwards, and a failed round puts these back (no step lost)."""
+        averager = self.grad_averager
+        copies = [t.clone() for t in averager._grad_accumulators()]
+        counts = averager.local_samples_accumulated, averager.local_times_accumulated, averager._anchor_batch_size
+        return copies, *counts
+
+    @torch.no_grad()
+    def _take_gradients_back(self, kept: tuple[list[torch.Tensor], int, int, int | None]) -> None:
+        copies, samples, times, anchor = kept
+        averager = self.grad_averager
+        for accumulator, copy in zip(averager._grad_accumulators(), copies, strict=True):
+            accumulator.add_(copy)
+        averager.local_samples_accumulated += samples
+        averager.local_times_accumulated += times
+        averager._anchor_batch_size = averager._anchor_batch_size or anchor
 
     def _apply_step(self) -> None:
         """The update itself (hivemind's state averager steps the optimizer and the epoch), then a new count."""
@@ -176,7 +224,8 @@ class StageOptimizer(hivemind.Optimizer):
         self.tracker.update_epoch(new_epoch=self.state_averager.local_epoch)
         self._should_check_synchronization_on_update = True
         self.state_averager.state_sharing_priority = self.local_epoch
-        self.grad_averager.reset_accumulated_grads_()
+        if self.outside_lock is None:  # else they hold what backwards added during the round: the next step's
+            self.grad_averager.reset_accumulated_grads_()
         self.grad_averager.state_sharing_priority = self.local_epoch
 
     @torch.no_grad()
@@ -243,6 +292,7 @@ def build_optimizer(
         # the first one waits for the others. (averager_opts reach only the state averager in hivemind 1.1.12.)
         grad_averager_factory=functools.partial(GradientAverager, warn=False, **matchmaking),
         averager_opts=matchmaking,
+        grad_compression=_compression(averaging.compression),
         tracker_opts={
             "min_refresh_period": 0.1,
             "max_refresh_period": 0.5,
@@ -255,3 +305,21 @@ def build_optimizer(
         collaborative.round_samples or collaborative.grad_averager.local_samples_accumulated
     )
     return collaborative
+
+
+def _compression(name: str) -> Any:
+    """hivemind's codec for the gradients a round sends (config.AVERAGING_COMPRESSIONS); 8bit keeps small tensors
+    (norms) in float16, where 8 bits would cost more error than they save bytes."""
+    from hivemind.compression import (
+        Float16Compression,
+        NoCompression,
+        SizeAdaptiveCompression,
+        Uniform8BitQuantization,
+    )
+
+    if name == "float16":
+        return Float16Compression()
+    if name == "8bit":
+        eight_bit = Uniform8BitQuantization()
+        return SizeAdaptiveCompression(threshold=2**16, less=Float16Compression(), greater_equal=eight_bit)
+    return NoCompression()

@@ -3,7 +3,10 @@
 A single lock orders everything that touches the parameters: a forward never sees a half-applied update, and
 gradients of one backward are handed to the optimizer before the next backward starts. The collaborative step
 (averaging with the other replicas, then the update) runs inside a backward call when the stage's target batch
-is reached; requests wait meanwhile, which is the time the benchmark reports as averaging.
+is reached. With averaging overlapped (the default), the lock is released while the round's all-reduce runs:
+forwards and backwards go on with the current parameters, and their gradients count toward the next step (one
+step stale, as in hivemind's delayed averaging); the update itself is applied holding the lock again. Otherwise
+requests wait for the whole round, which is the time the benchmark reports as averaging.
 
 A backward is applied at most once. A trainer whose call timed out retries it on another replica, so a backward
 whose caller stopped waiting before its gradients were handed over is dropped (`still_wanted`), and one repeated
@@ -31,8 +34,27 @@ from swarm.training.checkpoints import StageSnapshot
 
 logger = logging.getLogger(__name__)
 
+KEPT_FORWARDS = 8  # forwards whose autograd graph a replica keeps for their backward (more are recomputed)
 RECENT_ANSWERS = 256  # backward answers kept by request id: more than a replica's trainers have in flight
-BackwardAnswer = tuple["torch.Tensor | None", float, float]  # (grad_inputs, loss, compute seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class CallTiming:
+    """Where a request's time went on the replica (the trainer attributes the rest of its call to transfer)."""
+
+    compute_s: float
+    queue_s: float = 0.0  # waiting for the replica: other requests, a collaborative step
+    averaging_s: float = 0.0  # inside the collaborative step this backward completed (averaging and update)
+
+
+@dataclass(frozen=True, slots=True)
+class KeptForward:
+    step: int  # the parameters' step when it ran: a backward after an update recomputes instead
+    inputs: torch.Tensor  # as the stage's module took them (a leaf that wants gradients, past the first stage)
+    out: torch.Tensor  # with its autograd graph
+
+
+BackwardAnswer = tuple["torch.Tensor | None", float, CallTiming]  # (grad_inputs, loss, timing)
 
 
 @dataclass(slots=True)
@@ -43,6 +65,8 @@ class ReplicaCounters:
     averaging_rounds: int = 0  # steps whose gradients were averaged with other replicas
     last_loss: float = math.nan
     waiting: int = 0  # requests waiting for the lock
+    queue_seconds: float = 0.0  # summed over requests: time waiting for the lock
+    forwards_reused: int = 0  # backwards that used their forward's kept graph instead of computing it again
     dropped_late: int = 0  # backwards whose caller had stopped waiting before they were applied
     repeated: int = 0  # backwards that came again under a request id already applied, answered from memory
 
@@ -56,6 +80,7 @@ class StageReplica:
         self.on_step_start: Callable[[int], None] | None = None  # called before this replica starts a step
         self._lock = threading.Lock()
         self._answered: OrderedDict[str, BackwardAnswer] = OrderedDict()  # request id -> answer, newest last
+        self._kept: OrderedDict[str, KeptForward] = OrderedDict()  # request id -> graph of its forward, newest last
 
     @property
     def step(self) -> int:
@@ -65,14 +90,39 @@ class StageReplica:
     def samples_accumulated(self) -> int:
         return int(self.optimizer.grad_averager.local_samples_accumulated)
 
-    def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, float]:
-        """(hidden states, or the loss on the last stage; compute seconds). Keeps no state."""
-        with self._locked(), torch.no_grad(), self._precision():
+    def forward(
+        self, inputs: torch.Tensor, labels: torch.Tensor | None, request_id: str = ""
+    ) -> tuple[torch.Tensor, CallTiming]:
+        """(hidden states, or the loss on the last stage; timing). A forward named by the `request_id` its backward
+        will carry keeps its autograd graph (KEPT_FORWARDS at most) so that this backward, if it comes here while
+        the parameters are unchanged, need not compute the forward again; any replica can still serve it."""
+        keep = bool(request_id) and not self.model.is_last
+        with self._locked() as queued, torch.set_grad_enabled(keep), self._precision():
             started = time.perf_counter()
-            out = self.model(inputs.to(self.device), None if labels is None else labels.to(self.device))
+            inputs = self._leaf(inputs) if keep else inputs.to(self.device)
+            out = self.model(inputs, None if labels is None else labels.to(self.device))
+            if keep:
+                self._kept[request_id] = KeptForward(self.step, inputs, out)
+                while len(self._kept) > KEPT_FORWARDS:
+                    self._kept.popitem(last=False)
             elapsed = time.perf_counter() - started
             self.counters.compute_seconds += elapsed
-        return out.float().cpu(), elapsed
+        return out.detach().float().cpu(), CallTiming(elapsed, queued())
+
+    def _leaf(self, inputs: torch.Tensor) -> torch.Tensor:
+        inputs = inputs.to(self.device)
+        if not self.model.is_first:
+            inputs = inputs.detach().to(self.model.span.dtype).requires_grad_(True)
+        return inputs
+
+    def _kept_forward(self, request_id: str, inputs: torch.Tensor) -> KeptForward | None:
+        kept = self._kept.pop(request_id, None) if request_id else None
+        if kept is None or kept.step != self.step or kept.inputs.shape != inputs.shape:
+            return None
+        if not torch.equal(kept.inputs.detach().to(inputs.dtype), inputs.to(self.device)):
+            return None
+        self.counters.forwards_reused += 1
+        return kept
 
     def backward(
         self,
@@ -91,20 +141,20 @@ class StageReplica:
         """
         if not self.model.is_last and grad_outputs is None:
             raise InvalidRequest("grad_outputs is required on a stage that is not last")
-        with self._locked():
+        with self._locked() as queued:
             if request_id in self._answered:
                 self.counters.repeated += 1
                 return self._answered[request_id]
             started = time.perf_counter()
-            grad_inputs, loss = self._gradients(inputs, grad_outputs, labels)
+            grad_inputs, loss = self._gradients(inputs, grad_outputs, labels, self._kept_forward(request_id, inputs))
             elapsed = time.perf_counter() - started
             self.counters.compute_seconds += elapsed
             if not still_wanted():
                 self.optimizer.zero_grad()
                 self.counters.dropped_late += 1
                 raise DeadlineExceeded("the caller stopped waiting before this backward was applied; dropped")
-            self._collaborative_step(inputs.shape[0])
-            answer = (grad_inputs, loss, elapsed)
+            averaging = self._collaborative_step(inputs.shape[0])
+            answer = (grad_inputs, loss, CallTiming(elapsed, queued(), averaging))
             if request_id:
                 self._remember(request_id, answer)
         return answer
@@ -115,13 +165,18 @@ class StageReplica:
             self._answered.popitem(last=False)
 
     def _gradients(
-        self, inputs: torch.Tensor, grad_outputs: torch.Tensor | None, labels: torch.Tensor | None
+        self,
+        inputs: torch.Tensor,
+        grad_outputs: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        kept: KeptForward | None = None,
     ) -> tuple[torch.Tensor | None, float]:
-        inputs = inputs.to(self.device)
-        if not self.model.is_first:
-            inputs = inputs.detach().to(self.model.span.dtype).requires_grad_(True)
-        with torch.enable_grad(), self._precision():
-            out = self.model(inputs, None if labels is None else labels.to(self.device))
+        if kept is not None:
+            inputs, out = kept.inputs, kept.out
+        else:
+            inputs = self._leaf(inputs)
+            with torch.enable_grad(), self._precision():
+                out = self.model(inputs, None if labels is None else labels.to(self.device))
         if self.model.is_last:
             out.backward()
         else:
@@ -138,12 +193,17 @@ class StageReplica:
             self.counters.last_loss = loss
         return (None if self.model.is_first else inputs.grad.float().cpu()), loss
 
-    def _collaborative_step(self, batch: int) -> None:
+    def _collaborative_step(self, batch: int) -> float:
         """Hand this micro-batch's gradients to hivemind; it steps once the stage reached its target batch.
 
         The replica that completes the batch first tells the others (`on_step_start`) so that every replica enters
         the averaging round at once instead of one tracker refresh later.
         """
+        if self.optimizer.round_in_flight:  # the step's round runs meanwhile: these gradients go to the next one
+            self.optimizer.accumulate_next(batch)
+            self.optimizer.zero_grad()
+            self.counters.samples_total += batch
+            return 0.0
         step_before = self.step
         if self.optimizer.samples_after(batch) >= self.optimizer.tracker.target_batch_size:
             self.optimizer.force_next_step()
@@ -158,10 +218,11 @@ class StageReplica:
             self.optimizer.zero_grad()
         self.counters.samples_total += batch
         self._count_step(step_before, started)
+        return time.perf_counter() - started
 
     def step_now(self, step: int) -> int:
         """Another replica started `step`: join its averaging round (no-op if this replica is past it)."""
-        with self._locked():
+        with self._round_settled():
             step_before, started = self.step, time.perf_counter()
             try:
                 self.optimizer.step_now(step)
@@ -172,13 +233,25 @@ class StageReplica:
             self._count_step(step_before, started)
             return self.step
 
+    @contextlib.contextmanager
+    def _round_settled(self, poll_s: float = 0.02) -> Iterator[None]:
+        """Holds the lock with no averaging round in flight: a StepNow that comes during this replica's own round
+        waits for its outcome (then it is a no-op if the round stepped, or starts the retry its sender is in),
+        rather than being dropped while the two replicas' retries miss each other."""
+        while True:
+            with self._locked():
+                if not self.optimizer.round_in_flight:
+                    yield
+                    return
+            time.sleep(poll_s)
+
     def catch_up(self) -> None:
         """Take the stage's state if the stage stepped without this replica (its side of a round failed while
         the others' succeeded); called periodically, so that it does not wait for the next request to notice."""
         if self.optimizer.tracker.global_epoch <= self.step:
             return
         with self._locked():
-            if self.optimizer.tracker.global_epoch > self.step:
+            if self.optimizer.tracker.global_epoch > self.step and not self.optimizer.round_in_flight:
                 self.optimizer.load_state_from_peers()
 
     def _count_step(self, step_before: int, started: float) -> None:
@@ -199,6 +272,7 @@ class StageReplica:
             missing = sorted(set(own) - set(snapshot.tensors))
             if missing:
                 raise InvalidRequest(f"checkpoint lacks tensors of this stage: {missing[:5]}")
+            self._kept.clear()
             with torch.no_grad():
                 for name, tensor in own.items():
                     tensor.copy_(snapshot.tensors[name])
@@ -209,14 +283,27 @@ class StageReplica:
             self.optimizer.tracker.report_local_progress(snapshot.step, 0)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> Iterator[Callable[[], float]]:
+        """Holds the replica's lock; yields a function giving the seconds spent waiting for it."""
         self.counters.waiting += 1
+        asked = time.perf_counter()
         self._lock.acquire()
+        queued = time.perf_counter() - asked
         self.counters.waiting -= 1
+        self.counters.queue_seconds += queued
+        try:
+            yield lambda: queued
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def unlocked(self) -> Iterator[None]:
+        """Lets other requests run while the holder of the lock waits (for an averaging round); takes it back."""
+        self._lock.release()
         try:
             yield
         finally:
-            self._lock.release()
+            self._lock.acquire()
 
     def _precision(self) -> contextlib.AbstractContextManager:
         if self.autocast:

@@ -14,7 +14,7 @@ import torch
 from peers.limits import Admission, LimitsConfig
 from peers.metrics import PeerMetrics
 from peers.service import answers_errors
-from peers.training.replica import StageReplica
+from peers.training.replica import CallTiming, StageReplica
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, get_codec
@@ -42,8 +42,8 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
     @answers_errors
     def Forward(self, request: pb.TrainRequest, context: grpc.ServicerContext) -> pb.TrainResponse:
         inputs, labels, choice = self._decode_request(request)
-        out, compute_s = self.replica.forward(inputs, labels)
-        response = pb.TrainResponse(step=self.replica.step, request_id=request.request_id, compute_seconds=compute_s)
+        out, timing = self.replica.forward(inputs, labels, request.request_id)
+        response = _response(self.replica.step, request.request_id, timing)
         if self.replica.model.is_last:
             response.loss = float(out)
         else:
@@ -56,10 +56,10 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
         grad_outputs = None
         if not self.replica.model.is_last:
             grad_outputs = self._decode(request.grad_outputs, "grad_outputs", float_only=True)
-        grad_inputs, loss, compute_s = self.replica.backward(
+        grad_inputs, loss, timing = self.replica.backward(
             inputs, grad_outputs, labels, request.request_id, lambda: _still_waiting(context)
         )
-        response = pb.TrainResponse(step=self.replica.step, request_id=request.request_id, compute_seconds=compute_s)
+        response = _response(self.replica.step, request.request_id, timing)
         if grad_inputs is not None:
             response.grad_inputs.CopyFrom(self._encode(grad_inputs, choice))
         if self.replica.model.is_last:
@@ -118,6 +118,16 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
         msg = encode(tensor, CodecId(choice.codec), choice.block_size)
         self.metrics.tensor("out", tensor.numel() * tensor.element_size(), msg.ByteSize())
         return msg
+
+
+def _response(step: int, request_id: str, timing: CallTiming) -> pb.TrainResponse:
+    return pb.TrainResponse(
+        step=step,
+        request_id=request_id,
+        compute_seconds=timing.compute_s,
+        queue_seconds=timing.queue_s,
+        averaging_seconds=timing.averaging_s,
+    )
 
 
 def _still_waiting(context: grpc.ServicerContext) -> bool:

@@ -296,20 +296,24 @@ class TrainRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., inputs: _Optional[_Union[Tensor, _Mapping]] = ..., grad_outputs: _Optional[_Union[Tensor, _Mapping]] = ..., labels: _Optional[_Union[Tensor, _Mapping]] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class TrainResponse(_message.Message):
-    __slots__ = ("outputs", "grad_inputs", "loss", "step", "request_id", "compute_seconds")
+    __slots__ = ("outputs", "grad_inputs", "loss", "step", "request_id", "compute_seconds", "queue_seconds", "averaging_seconds")
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     GRAD_INPUTS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AVERAGING_SECONDS_FIELD_NUMBER: _ClassVar[int]
     outputs: Tensor
     grad_inputs: Tensor
     loss: float
     step: int
     request_id: str
     compute_seconds: float
-    def __init__(self, outputs: _Optional[_Union[Tensor, _Mapping]] = ..., grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., loss: _Optional[float] = ..., step: _Optional[int] = ..., request_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
+    queue_seconds: float
+    averaging_seconds: float
+    def __init__(self, outputs: _Optional[_Union[Tensor, _Mapping]] = ..., grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., loss: _Optional[float] = ..., step: _Optional[int] = ..., request_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., averaging_seconds: _Optional[float] = ...) -> None: ...
 
 class StageInfoRequest(_message.Message):
     __slots__ = ()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,12 +53,19 @@ class OptimizerConfig:
     eight_bit: bool = False  # bitsandbytes' AdamW8bit instead of torch's AdamW
 
 
+AVERAGING_COMPRESSIONS = ("none", "float16", "8bit")
+
+
 @dataclass(frozen=True, slots=True)
 class AveragingConfig:
     matchmaking_s: float = 1.0  # how long the first replica in a round waits for the others
     timeout_s: float = 30.0  # an averaging round that takes longer falls back to local gradients
     state_every: int = 5  # also average parameters every N steps (repairs drift between replicas)
     group_size: int = 0  # replicas an averaging round waits for before it starts (0: replicas_per_stage)
+    # Replicas keep serving during a round; what they compute meanwhile goes to the next step. Off by default until
+    # it is measured on a quiet machine and proven under churn (README, "Throughput").
+    overlap: bool = False
+    compression: str = "none"  # gradients between replicas: none (fp32), float16, or 8bit (8 bits for big tensors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +96,7 @@ class TrainConfig:
     mixed_precision: bool = True  # bf16 autocast where the device supports it (CUDA)
     activation_checkpointing: bool = False
     threads: int = 1  # torch threads per stage replica
-    inflight: int = 2  # micro-batches each trainer keeps in flight
+    inflight: int = 0  # micro-batches each trainer keeps in flight; 0: from the pipeline depth (in_flight())
     max_retries: int = 8  # failed calls per micro-batch before it is dropped
     call_timeout_s: float = 120.0
     initial_peers: tuple[str, ...] = ()
@@ -111,6 +119,13 @@ class TrainConfig:
     def dht_key(self) -> str:
         """The model name under which the run's stage replicas announce themselves."""
         return f"{self.run_id}.train"
+
+    def in_flight(self, num_stages: int) -> int:
+        """Micro-batches each trainer keeps in flight: `inflight`, or enough for every replica of every stage to
+        have one (the trainers share them), plus one being coded or on the wire: a 1F1B-like steady state."""
+        if self.inflight:
+            return self.inflight
+        return math.ceil(num_stages * self.replicas_per_stage / self.trainers) + 1
 
     def stage_spans(self, total_blocks: int) -> list[tuple[int, int]]:
         """The stages' block spans, checked to tile [0, total_blocks) exactly."""
@@ -194,11 +209,16 @@ def _check(config: TrainConfig) -> None:
         check_announce_host(config.announce_host, "announce_host")
     if config.codec not in CodecId.__members__:
         raise InvalidRequest(f"config: codec {config.codec!r} is not one of {sorted(CodecId.__members__)}")
+    if config.averaging.compression not in AVERAGING_COMPRESSIONS:
+        choices, got = list(AVERAGING_COMPRESSIONS), config.averaging.compression
+        raise InvalidRequest(f"averaging.compression must be one of {choices}, got {got!r}")
     if config.data.tokenizer not in ("bytes", "model"):
         raise InvalidRequest(f"data.tokenizer must be 'bytes' or 'model', got {config.data.tokenizer!r}")
     positive = {"micro_batch": config.micro_batch, "target_batch": config.target_batch, "steps": config.steps}
     positive |= {"replicas_per_stage": config.replicas_per_stage, "trainers": config.trainers}
-    positive |= {"data.seq_len": config.data.seq_len, "inflight": config.inflight}
+    positive |= {"data.seq_len": config.data.seq_len}
     for name, value in positive.items():
         if not isinstance(value, int) or value < 1:
             raise InvalidRequest(f"config: {name} must be a positive integer, got {value!r}")
+    if not isinstance(config.inflight, int) or config.inflight < 0:
+        raise InvalidRequest(f"config: inflight must be 0 (from the pipeline depth) or more, got {config.inflight!r}")

@@ -105,6 +105,12 @@ class TrainingJob:
             "dropped_micro_batches": sum(r["dropped_micro_batches"] for r in reports),
             "compute_s": sum(r["compute_s"] for r in reports),
             "transfer_s": sum(r["transfer_s"] for r in reports),
+            "queue_s": sum(r["queue_s"] for r in reports),
+            "averaging_s": sum(r["averaging_s"] for r in reports),
+            "micro_batch_s": sum(r["micro_batch_s"] for r in reports),
+            "micro_batches": sum(r["micro_batches"] for r in reports),
+            "bytes_sent": sum(r["bytes_sent"] for r in reports),
+            "bytes_received": sum(r["bytes_received"] for r in reports),
         }
 
     def wait(self, on_progress: Callable[[dict], None] | None = None, period_s: float = 1.0) -> dict[str, Any]:

@@ -47,7 +47,10 @@ class TrainerProgress:
     stage_steps: dict[str, int] = field(default_factory=dict)  # highest step each stage has answered with
     recent_losses: deque = field(default_factory=lambda: deque(maxlen=64))
     compute_s: float = 0.0  # stage compute time of this trainer's calls
-    transfer_s: float = 0.0  # the rest of the calls' time: coding, network, queueing
+    transfer_s: float = 0.0  # the rest of the calls' time: coding, gRPC, network
+    queue_s: float = 0.0  # the calls' time waiting for their replica
+    averaging_s: float = 0.0  # the calls' time in a stage's collaborative step
+    micro_batch_s: float = 0.0  # wall time of the micro-batches completed, first forward to last backward
     started: float = field(default_factory=time.monotonic)
 
     def as_dict(self) -> dict:
@@ -63,6 +66,9 @@ class TrainerProgress:
             "samples_per_s": self.samples / elapsed,
             "compute_s": self.compute_s,
             "transfer_s": self.transfer_s,
+            "queue_s": self.queue_s,
+            "averaging_s": self.averaging_s,
+            "micro_batch_s": self.micro_batch_s,
             "elapsed_s": elapsed,
         }
 
@@ -102,7 +108,7 @@ class Trainer:
         """Train until every stage reached `config.steps` (or `max_samples` were sent, or stop()); returns progress."""
         workers = [
             threading.Thread(target=self._work, args=(max_samples,), name=f"trainer-{self.index}-{i}", daemon=True)
-            for i in range(self.config.inflight)
+            for i in range(self.config.in_flight(len(self.stage_spans)))
         ]
         for worker in workers:
             worker.start()
@@ -135,11 +141,13 @@ class Trainer:
         """One micro-batch through every stage, forward then backward; returns its loss."""
         with self._lock:
             input_ids, labels = self.dataset.sample(self.config.micro_batch, self.generator)
+        started = time.perf_counter()
         route = list(self._route(input_ids.numel()))
         batch_id = uuid.uuid4().hex  # with the stage's position, names each backward across its retries
         inputs = [input_ids]
         for position in range(len(route) - 1):
-            inputs.append(self._call(route, position, "forward", inputs[position]).tensor)
+            answer = self._call(route, position, "forward", inputs[position], request_id=f"{batch_id}:{position}")
+            inputs.append(answer.tensor)
         end = len(route) - 1
         last = self._call(route, end, "backward", inputs[-1], labels=labels, request_id=f"{batch_id}:{end}")
         grad = last.tensor
@@ -150,6 +158,7 @@ class Trainer:
         with self._lock:
             self.progress.samples += input_ids.shape[0]
             self.progress.micro_batches += 1
+            self.progress.micro_batch_s += time.perf_counter() - started
             self.progress.recent_losses.append(last.loss)
         return last.loss
 
@@ -215,7 +224,9 @@ class Trainer:
         with self._lock:
             self.progress.stage_steps[stage] = max(self.progress.stage_steps.get(stage, 0), answer.step)
             self.progress.compute_s += answer.compute_s
-            self.progress.transfer_s += max(0.0, answer.wall_s - answer.compute_s)
+            self.progress.transfer_s += answer.transfer_s
+            self.progress.queue_s += answer.queue_s
+            self.progress.averaging_s += answer.averaging_s
 
     # ---- control ----
 
@@ -223,6 +234,7 @@ class Trainer:
         with self._lock:
             report = self.progress.as_dict()
         report["replicas"] = self.view.replicas()
+        report["bytes_sent"], report["bytes_received"] = self.calls.bytes_sent, self.calls.bytes_received
         return report
 
     def stop(self) -> None:

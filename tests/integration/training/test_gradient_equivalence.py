@@ -28,6 +28,7 @@ def trained(make_config):
     try:
         _wait_for_replicas(trainer, {"0-2": 1, "2-4": 1})
         report = trainer.run()
+        report["forwards_reused"] = first.replica.counters.forwards_reused
         yield config, report, {**first.parameters(), **second.parameters()}
     finally:
         trainer.close()
@@ -48,6 +49,9 @@ def test_each_step_saw_exactly_the_target_batch(trained):
     assert report["stage_steps"] == {"0-2": STEPS, "2-4": STEPS}
     assert report["samples"] == STEPS * config.target_batch
     assert report["dropped_micro_batches"] == report["retries"] == 0
+    # every backward on the first stage used its forward's kept graph, except those after a step (recomputed)
+    micro_batches = report["micro_batches"]
+    assert micro_batches - STEPS <= report["forwards_reused"] <= micro_batches
 
 
 def test_parameter_updates_match_single_process_training(trained):

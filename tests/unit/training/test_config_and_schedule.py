@@ -43,6 +43,21 @@ def test_stages_must_tile_the_blocks() -> None:
             config_from_dict({**BASE, "stages": bad}).stage_spans(8)
 
 
+def test_micro_batches_in_flight_follow_the_pipeline_depth_unless_set() -> None:
+    auto = config_from_dict({**BASE, "replicas_per_stage": 2, "trainers": 2})
+    assert auto.in_flight(2) == 3  # a micro-batch for each of the 4 replicas, shared by 2 trainers, plus one
+    assert auto.in_flight(4) == 5
+    assert config_from_dict({**BASE, "inflight": 1}).in_flight(4) == 1
+    with pytest.raises(InvalidRequest, match="inflight must be 0"):
+        config_from_dict({**BASE, "inflight": -1})
+
+
+def test_averaging_compression_is_one_of_the_known_codecs() -> None:
+    assert config_from_dict({**BASE, "averaging": {"compression": "8bit"}}).averaging.compression == "8bit"
+    with pytest.raises(InvalidRequest, match=r"averaging\.compression must be one of"):
+        config_from_dict({**BASE, "averaging": {"compression": "int4"}})
+
+
 def test_load_config_reads_yaml_and_applies_overrides(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text("run_id: r2\nmodel: m\ndata: {path: d.txt, seq_len: 16}\nsteps: 5\ncredentials: open\n")
