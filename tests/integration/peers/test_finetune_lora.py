@@ -1,0 +1,100 @@
+"""LoRA fine-tuning through two live SmolLM2 peers (codec NONE) against local peft training of the same adapter on
+the same batches; the adapter saved by the swarm loads into transformers + peft and gives the swarm's logits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarm import CodecId, DistributedModelForCausalLM
+from swarm.client.lora import LoraAdapter
+from swarm.registry import Registry
+from swarm.security import SwarmCredentials
+
+STEPS = 20
+LR = 1e-3
+SENTENCES = [
+    "The lighthouse keeper wrote every storm into a small blue notebook.",
+    "Bread rises slowly in a cold kitchen, but it tastes better for the wait.",
+    "A train left the station at dawn carrying apples, letters and one lost cat.",
+    "The river froze so hard that winter that children skated to the next village.",
+    "Old maps mark the mountain pass with a warning drawn in red ink.",
+    "Every library smells of paper, dust and the patience of its readers.",
+    "The clock in the square has struck thirteen twice in a hundred years.",
+    "Gardeners say the best time to plant a tree was twenty years ago.",
+]
+
+
+def batches(tokenizer, steps: int, batch: int = 2, length: int = 12) -> list[torch.Tensor]:
+    rows = [tokenizer(s, return_tensors="pt").input_ids[0, :length] for s in SENTENCES]
+    ids = torch.stack(rows)
+    return [ids[torch.arange(step * batch, step * batch + batch) % len(rows)] for step in range(steps)]
+
+
+@pytest.fixture(scope="module")
+def swarm_model(smollm2_path: Path, bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
+    model = DistributedModelForCausalLM.from_pretrained(
+        smollm2_path, bootstrap.addresses, codec=CodecId.NONE, credentials=SwarmCredentials.open()
+    )
+    model.requires_grad_(False)  # only the adapter trains
+    yield model
+    model.close()
+
+
+def local_peft(smollm2_path: Path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    return get_peft_model(base, config)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(swarm_model, smollm2_path, tmp_path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    local = local_peft(smollm2_path)
+    local.save_pretrained(tmp_path / "init")
+    adapter = LoraAdapter.from_pretrained(swarm_model, tmp_path / "init")  # the same initial tensors
+    swarm_model.blocks.adapter = adapter
+    data = batches(AutoTokenizer.from_pretrained(str(smollm2_path)), STEPS)
+    trainable = [p for p in local.parameters() if p.requires_grad]
+    optimizers = torch.optim.AdamW(trainable, lr=LR), torch.optim.AdamW(adapter.parameters(), lr=LR)
+    losses, started = [], time.perf_counter()
+    for ids in data:
+        for model, optimizer in zip((local, swarm_model), optimizers, strict=True):
+            optimizer.zero_grad()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    elapsed = time.perf_counter() - started
+    local_state = {k: v for k, v in local.state_dict().items() if "lora_" in k}
+    diffs = []
+    for name, tensor in adapter.named().items():
+        peft_name = f"base_model.model.model.layers.{name}.default.weight"
+        diffs.append(relative(tensor.detach(), local_state[peft_name]))
+    print(f"\n{STEPS} steps in {elapsed:.1f} s; max relative diff {max(diffs):.2e}; losses {losses[-2:]}")
+    assert losses[-1] < losses[1] - 0.1  # it learned
+    assert max(diffs) <= 1e-4
+
+    adapter.save_pretrained(tmp_path / "swarm", base_model=str(smollm2_path))
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, tmp_path / "swarm").eval()
+    with torch.no_grad():
+        expected = loaded(input_ids=data[0]).logits
+        got = swarm_model(input_ids=data[0]).logits
+    gap = float((got - expected).abs().max())
+    print(f"round trip: logits max abs diff {gap:.2e}")
+    assert gap <= 1e-4
+    swarm_model.blocks.adapter = None
