@@ -1,5 +1,6 @@
-"""LoRA fine-tuning through two live SmolLM2 peers (codec NONE) against local peft training of the same adapter on
-the same batches; the adapter saved by the swarm loads into transformers + peft and gives the swarm's logits."""
+"""LoRA and shallow prompt tuning through two live SmolLM2 peers (codec NONE) against local peft training of the same
+adapter on the same batches; the adapter saved by the swarm loads into transformers + peft and gives the swarm's
+logits."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import torch
 
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.client.lora import LoraAdapter
+from swarm.client.prompts import PromptTuning
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
 
 STEPS = 20
+PTUNE_STEPS = 5
 LR = 1e-3
 SENTENCES = [
     "The lighthouse keeper wrote every storm into a small blue notebook.",
@@ -98,3 +101,38 @@ def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(swarm_model
     print(f"round trip: logits max abs diff {gap:.2e}")
     assert gap <= 1e-4
     swarm_model.blocks.adapter = None
+
+
+def test_shallow_prompt_tuning_equals_peft_and_round_trips(swarm_model, smollm2_path, tmp_path) -> None:
+    from peft import PeftModel, PromptTuningConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    local = get_peft_model(base, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    local.save_pretrained(tmp_path / "init")
+    prompts = PromptTuning.from_pretrained(tmp_path / "init")
+    data = batches(AutoTokenizer.from_pretrained(str(smollm2_path)), PTUNE_STEPS)
+    trainable = [p for p in local.parameters() if p.requires_grad]
+    optimizers = torch.optim.AdamW(trainable, lr=1e-2), torch.optim.AdamW(prompts.parameters(), lr=1e-2)
+    for ids in data:
+        for step, optimizer in zip((local, None), optimizers, strict=True):
+            optimizer.zero_grad()
+            if step is None:
+                loss = swarm_model(**prompts.inputs(swarm_model, ids, ids)).loss
+            else:
+                loss = local(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+    trained = local.state_dict()["prompt_encoder.default.embedding.weight"]
+    diff = relative(prompts.prompts.detach(), trained)
+    print(f"\nprompt tuning: {PTUNE_STEPS} steps, relative diff {diff:.2e}")
+    assert diff <= 1e-4
+
+    prompts.save_pretrained(tmp_path / "swarm", base_model=str(smollm2_path), num_layers=30)
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, tmp_path / "swarm").eval()
+    with torch.no_grad():
+        expected = loaded(input_ids=data[0]).logits
+        got = swarm_model(**prompts.inputs(swarm_model, data[0])).logits
+    assert float((got - expected).abs().max()) <= 1e-4
