@@ -44,6 +44,12 @@ class AdapterUploads:
             self._held[hop.address] = want
             self.bytes_sent += sum(part.ByteSize() for part in parts)
 
+    def holds(self, address: str, adapter: LoraAdapter) -> bool:
+        """Whether `address` was sent the adapter's current version (and has not answered that it lost it)."""
+        with self._lock:
+            held = self._held.get(address)
+        return held is not None and held[:2] == (adapter.adapter_id, adapter.version)
+
     def forget(self, address: str) -> None:
         with self._lock:
             self._held.pop(address, None)
