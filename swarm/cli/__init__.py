@@ -4,7 +4,8 @@ convert.py: `swarm convert` and `swarm convert-test-model`; demo.py: `swarm demo
 up.py: `swarm up` (a whole swarm on one machine); status.py: `swarm status`; generate.py: `swarm generate`;
 prometheus_targets.py: `swarm prometheus-targets` (Prometheus file-SD from the registry); monitor.py: `swarm monitor`
 (the live swarm map); train.py: `swarm train`, `swarm export`, `swarm init-model`; keys.py: `swarm keys init`,
-`swarm keys issue` (private swarms); api.py: `swarm api` (the OpenAI-compatible API on Ray Serve).
+`swarm keys issue` (private swarms); api.py: `swarm api` (the OpenAI-compatible API on Ray Serve); finetune.py:
+`swarm finetune` (LoRA or prompt tuning through the swarm, parameters on the client).
 _credentials.py: the `--credentials DIR` / `--open` flags they share.
 """
 
@@ -15,11 +16,24 @@ import logging
 import signal
 import sys
 
-from swarm.cli import api, convert, demo, generate, keys, monitor, peer, prometheus_targets, status, train, up
+from swarm.cli import (
+    api,
+    convert,
+    demo,
+    finetune,
+    generate,
+    keys,
+    monitor,
+    peer,
+    prometheus_targets,
+    status,
+    train,
+    up,
+)
 from swarm.errors import SwarmError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-COMMANDS = (convert, demo, keys, peer, up, status, generate, api, monitor, prometheus_targets, train)
+COMMANDS = (convert, demo, keys, peer, up, status, generate, api, monitor, prometheus_targets, train, finetune)
 
 
 def build_parser() -> argparse.ArgumentParser:

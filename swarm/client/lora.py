@@ -39,10 +39,10 @@ class LoraConfig:
 
     def __post_init__(self) -> None:
         if self.rank < 1 or not self.alpha > 0:
-            raise InvalidArgument(f"LoRA needs rank >= 1 and alpha > 0, got rank={self.rank}, alpha={self.alpha}")
+            raise InvalidArgument("lora", f"needs rank >= 1 and alpha > 0, got rank={self.rank}, alpha={self.alpha}")
         unknown = sorted(set(self.targets) - set(TARGETS))
         if unknown or not self.targets:
-            raise InvalidArgument(f"LoRA targets must be among {sorted(TARGETS)}, got {list(self.targets)}")
+            raise InvalidArgument("lora.targets", f"must be among {sorted(TARGETS)}, got {list(self.targets)}")
 
     @property
     def scaling(self) -> float:
@@ -129,7 +129,7 @@ class LoraAdapter(nn.Module):
         state = load_file(str(Path(directory) / "adapter_model.safetensors"))
         missing = [n for n in adapter.names if f"{PEFT_PREFIX}{n}.weight" not in state]
         if missing or len(state) != len(adapter.names):
-            raise InvalidArgument(f"{directory}: adapter tensors do not match its config (missing {missing[:3]})")
+            raise InvalidArgument(str(directory), f"adapter tensors do not match its config (missing {missing[:3]})")
         with torch.no_grad():
             for name, param in adapter.named().items():
                 param.copy_(state[f"{PEFT_PREFIX}{name}.weight"])
@@ -157,7 +157,7 @@ def peft_config(config: LoraConfig, base_model: str) -> dict:
 def config_from_peft(raw: dict) -> LoraConfig:
     """Our LoraConfig from a peft adapter_config.json; refuses what peers do not compute (InvalidArgument)."""
     if raw.get("peft_type") != "LORA":
-        raise InvalidArgument(f"adapter_config.json: peft_type {raw.get('peft_type')!r} is not LORA")
+        raise InvalidArgument("adapter_config.json", f"peft_type {raw.get('peft_type')!r} is not LORA")
     unsupported = {
         "lora_dropout": raw.get("lora_dropout", 0.0) not in (0, 0.0, None),
         "use_rslora": bool(raw.get("use_rslora")),
@@ -168,7 +168,7 @@ def config_from_peft(raw: dict) -> LoraConfig:
         "layers_to_transform": raw.get("layers_to_transform") is not None,
     }
     if any(unsupported.values()):
-        raise InvalidArgument(f"adapter_config.json: not supported by the swarm: {_true(unsupported)}")
+        raise InvalidArgument("adapter_config.json", f"not supported by the swarm: {_true(unsupported)}")
     targets = raw.get("target_modules") or []
     targets = tuple(sorted(targets if isinstance(targets, Sequence) and not isinstance(targets, str) else [targets]))
     return LoraConfig(rank=int(raw["r"]), alpha=float(raw["lora_alpha"]), targets=targets)

@@ -24,7 +24,7 @@ class PromptTuning(nn.Module):
     def __init__(self, num_tokens: int, hidden_size: int, init: torch.Tensor | None = None) -> None:
         super().__init__()
         if num_tokens < 1:
-            raise InvalidArgument(f"prompt tuning needs num_tokens >= 1, got {num_tokens}")
+            raise InvalidArgument("num_tokens", f"prompt tuning needs num_tokens >= 1, got {num_tokens}")
         start = init if init is not None else torch.randn(num_tokens, hidden_size) * 0.02
         self.prompts = nn.Parameter(start.detach().clone().reshape(num_tokens, hidden_size))  # [tokens, hidden]
 
@@ -40,10 +40,15 @@ class PromptTuning(nn.Module):
         return self.prompts.shape[0]
 
     def inputs(
-        self, model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor | None = None
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor | None]:
-        """Keyword arguments for `model(**...)`: inputs_embeds [batch, prompts + seq, hidden] and the labels shifted
-        past the prompts (IGNORE there), as peft's PeftModelForCausalLM builds them."""
+        """Keyword arguments for `model(**...)`: inputs_embeds [batch, prompts + seq, hidden], the labels shifted
+        past the prompts (IGNORE there) and the mask with the prompts attended, as peft's PeftModelForCausalLM
+        builds them."""
         embeds = model.get_input_embeddings()(input_ids)
         batch = input_ids.shape[0]
         prompts = self.prompts.to(embeds.dtype).unsqueeze(0).expand(batch, -1, -1)
@@ -51,6 +56,9 @@ class PromptTuning(nn.Module):
         if labels is not None:
             pad = torch.full((batch, self.num_tokens), IGNORE, dtype=labels.dtype)
             out["labels"] = torch.cat([pad, labels], dim=1)
+        if attention_mask is not None:
+            ones = torch.ones((batch, self.num_tokens), dtype=attention_mask.dtype)
+            out["attention_mask"] = torch.cat([ones, attention_mask], dim=1)
         return out
 
     def save_pretrained(self, directory: str | Path, base_model: str = "", num_layers: int = 0) -> None:
@@ -81,6 +89,6 @@ class PromptTuning(nn.Module):
 
         raw = json.loads((Path(directory) / "adapter_config.json").read_text())
         if raw.get("peft_type") != "PROMPT_TUNING" or raw.get("num_transformer_submodules", 1) != 1:
-            raise InvalidArgument(f"{directory}: not a peft PROMPT_TUNING adapter of a causal LM")
+            raise InvalidArgument(str(directory), "not a peft PROMPT_TUNING adapter of a causal LM")
         prompts = load_file(str(Path(directory) / "adapter_model.safetensors"))["prompt_embeddings"]
         return cls(int(raw["num_virtual_tokens"]), int(raw["token_dim"]), prompts)
