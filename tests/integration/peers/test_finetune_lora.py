@@ -34,7 +34,16 @@ def swarm_model(smollm2_path: Path, bootstrap: Registry) -> Iterator[Distributed
     model.close()
 
 
-def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(swarm_model, smollm2_path, tmp_path) -> None:
+@pytest.fixture
+def bare(swarm_model: DistributedModelForCausalLM) -> Iterator[DistributedModelForCausalLM]:
+    """The shared model, left without an adapter by each test however it ends."""
+    yield swarm_model
+    swarm_model.blocks.adapter = None
+
+
+@pytest.mark.timeout(600)  # 20 steps of each of two 135M models on 2 shared cores: 2 to 5 minutes
+def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(bare, smollm2_path, tmp_path) -> None:
+    swarm_model = bare
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -73,10 +82,10 @@ def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(swarm_model
     gap = float((got - expected).abs().max())
     print(f"round trip: logits max abs diff {gap:.2e}")
     assert gap <= 1e-4
-    swarm_model.blocks.adapter = None
 
 
-def test_shallow_prompt_tuning_equals_peft_and_round_trips(swarm_model, smollm2_path, tmp_path) -> None:
+def test_shallow_prompt_tuning_equals_peft_and_round_trips(bare, smollm2_path, tmp_path) -> None:
+    swarm_model = bare
     from peft import PeftModel, PromptTuningConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -109,3 +118,30 @@ def test_shallow_prompt_tuning_equals_peft_and_round_trips(swarm_model, smollm2_
         expected = loaded(input_ids=data[0]).logits
         got = swarm_model(**prompts.inputs(swarm_model, data[0])).logits
     assert float((got - expected).abs().max()) <= 1e-4
+
+
+def test_swarm_finetune_command_saves_a_peft_adapter(smollm2_path, bootstrap: Registry, tmp_path, capsys) -> None:
+    import json
+
+    import yaml
+
+    from swarm.cli import main
+
+    job = {
+        "model": str(smollm2_path),
+        "initial_peers": list(bootstrap.addresses),
+        "dataset": str(Path(__file__).resolve().parents[2] / "data" / "finetune_tags.jsonl"),
+        "method": "lora",
+        "lora": {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]},
+        "steps": 2,
+        "batch_size": 2,
+        "codec": "none",
+        "output_dir": str(tmp_path / "adapter"),
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert main(["finetune", str(tmp_path / "job.yaml"), "--open"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["final_loss"] > 0 and 0 <= summary["exact_match"] <= 1
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
