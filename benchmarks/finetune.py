@@ -37,25 +37,13 @@ def train_local(path: Path, init: Path, data: list, lr: float) -> tuple[object, 
     return model, time.perf_counter() - started
 
 
-def wire_bytes(servers: list) -> float:
-    counter = [s.metrics.bytes.labels(direction=d, kind="wire") for s in servers for d in ("in", "out")]
-    return sum(c._value.get() for c in counter)  # prometheus_client keeps no public read of a counter
-
-
-def measure(ns: argparse.Namespace, registry, servers: list, tmp: Path) -> dict:
+def local_run(ns: argparse.Namespace, tokenizer, examples: list, data: list, tmp: Path) -> tuple:
+    """Save a fresh peft adapter (the swarm starts from it too), train it locally; (seconds, final loss, batch)."""
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from swarm import DistributedModelForCausalLM
-    from swarm.finetune import FineTuner, load_examples
-    from swarm.finetune.data import batches, collate, encode
-    from swarm.security import SwarmCredentials
+    from swarm.finetune.data import collate, encode
 
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
-    examples = load_examples(ns.dataset)
-    stream = batches(tokenizer, examples, ns.batch_size, 64, seed=0)
-    data = [next(stream) for _ in range(ns.steps)]
     base = AutoModelForCausalLM.from_pretrained(str(ns.model), dtype=torch.float32)
     config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     get_peft_model(base, config).save_pretrained(tmp / "init")
@@ -63,7 +51,28 @@ def measure(ns: argparse.Namespace, registry, servers: list, tmp: Path) -> dict:
     everything = collate([encode(tokenizer, e, 64) for e in examples], tokenizer.eos_token_id or 0)
     with torch.no_grad():
         kwargs = {"attention_mask": everything.attention_mask, "labels": everything.labels}
-        local_loss = local(input_ids=everything.input_ids, **kwargs).loss.item()
+        return local_s, local(input_ids=everything.input_ids, **kwargs).loss.item(), everything
+
+
+def wire_bytes(servers: list) -> float:
+    counter = [s.metrics.bytes.labels(direction=d, kind="wire") for s in servers for d in ("in", "out")]
+    return sum(c._value.get() for c in counter)  # prometheus_client keeps no public read of a counter
+
+
+def measure(ns: argparse.Namespace, registry, servers: list, tmp: Path) -> dict:
+    from transformers import AutoTokenizer
+
+    from swarm import DistributedModelForCausalLM
+    from swarm.finetune import FineTuner, load_examples
+    from swarm.finetune.data import batches
+    from swarm.security import SwarmCredentials
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
+    examples = load_examples(ns.dataset)
+    stream = batches(tokenizer, examples, ns.batch_size, 64, seed=0)
+    data = [next(stream) for _ in range(ns.steps)]
+    local_s, local_loss, everything = local_run(ns, tokenizer, examples, data, tmp)
 
     model = DistributedModelForCausalLM.from_pretrained(
         ns.model, registry.addresses, credentials=SwarmCredentials.open()
