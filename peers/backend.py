@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from peers.lora import LoraWeights, applied
 from swarm.errors import InvalidRequest, InvalidSpan, WrongSpan
 from swarm.partition import BlockSpan
 
@@ -23,6 +24,16 @@ class ForwardJob:
     hidden: torch.Tensor  # [batch, seq, hidden]
     position: int
     blocks: range
+    adapter: LoraWeights | None = None  # run with this LoRA adapter's deltas (peers/lora.py); jobs batch by adapter
+
+
+@dataclass(frozen=True, slots=True)
+class BackwardJob:
+    hidden: torch.Tensor  # [batch, seq, hidden]: the inputs the forward saw
+    grad_outputs: torch.Tensor  # [batch, seq, hidden]
+    position: int
+    blocks: range
+    adapter: LoraWeights | None = None  # its gradients are answered too
 
 
 class SpanBackend:
@@ -79,17 +90,25 @@ class SpanBackend:
         """Run jobs that share position, length and blocks as one batch; returns one output per job."""
         first = jobs[0]
         hidden = torch.cat([job.hidden for job in jobs]) if len(jobs) > 1 else first.hidden
-        out = self.span(hidden, position=first.position, blocks=first.blocks)
+        adapter = first.adapter
+        with applied(self.span, adapter, first.blocks, adapter.tensors if adapter else {}):
+            out = self.span(hidden, position=first.position, blocks=first.blocks)
         return list(out.split([job.hidden.shape[0] for job in jobs]))
 
-    def backward(self, hidden: torch.Tensor, grad_outputs: torch.Tensor, position: int, blocks: range) -> torch.Tensor:
-        """d loss / d hidden, recomputing the forward from `hidden` (so any replica can answer)."""
-        if grad_outputs.shape != hidden.shape:
+    def backward(self, job: BackwardJob) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """d loss / d hidden, and d loss / d each adapter tensor of job.blocks (by name), recomputing the forward
+        from the inputs (so any replica can answer)."""
+        if job.grad_outputs.shape != job.hidden.shape:
             raise InvalidRequest(
-                f"grad_outputs shape {list(grad_outputs.shape)} differs from hidden_states {list(hidden.shape)}"
+                f"grad_outputs shape {list(job.grad_outputs.shape)} differs from hidden_states "
+                f"{list(job.hidden.shape)}"
             )
+        adapter = job.adapter
+        names = [n for _, _, p in adapter.pairs(job.blocks) for n in (f"{p}.lora_A", f"{p}.lora_B")] if adapter else []
+        leaves = {name: adapter.tensors[name].detach().requires_grad_(True) for name in names} if adapter else {}
         with torch.enable_grad():
-            inputs = hidden.detach().to(self.span.dtype).requires_grad_(True)
-            outputs = self.span(inputs, position=position, blocks=blocks)
-            (grad_inputs,) = torch.autograd.grad(outputs, inputs, grad_outputs.to(outputs.dtype))
-        return grad_inputs
+            inputs = job.hidden.detach().to(self.span.dtype).requires_grad_(True)
+            with applied(self.span, adapter, job.blocks, leaves):
+                outputs = self.span(inputs, position=job.position, blocks=job.blocks)
+            grads = torch.autograd.grad(outputs, [inputs, *leaves.values()], job.grad_outputs.to(outputs.dtype))
+        return grads[0], dict(zip(names, grads[1:], strict=True))

@@ -20,7 +20,8 @@ import grpc
 from peers.handlers import Unparsable, parsed
 from peers.limits import Admission, client_key
 from peers.metrics import PeerMetrics
-from swarm.errors import LimitExceeded, status_for
+from swarm._proto import swarm_pb2 as pb
+from swarm.errors import InvalidRequest, LimitExceeded, status_for
 
 logger = logging.getLogger(__name__)
 
@@ -127,3 +128,11 @@ def _unary(method: Callable, table: _Table) -> Callable:
         return response
 
     return handler
+
+
+def check_version(version: int) -> None:
+    """Refuse a request in a protocol version this peer does not speak (InvalidRequest)."""
+    if version != pb.PROTOCOL_VERSION_CURRENT:
+        raise InvalidRequest(
+            f"protocol_version {version} is not supported; this peer speaks {pb.PROTOCOL_VERSION_CURRENT}"
+        )

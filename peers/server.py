@@ -100,7 +100,7 @@ class PeerServer:
             ModelRunner(span, self.pool),
             {
                 TaskKind.FORWARD: self.backend.forward,
-                TaskKind.BACKWARD: lambda jobs: [self.backend.backward(*job) for job in jobs],
+                TaskKind.BACKWARD: lambda jobs: [self.backend.backward(job) for job in jobs],
             },
             EngineConfig(config.max_batch_tokens, config.session_idle_s),
             self.metrics,

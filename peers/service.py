@@ -17,12 +17,14 @@ from typing import Any
 import grpc
 import torch
 
-from peers.backend import ForwardJob, SpanBackend
+from peers.adapter_service import AdapterRpcs, adapter_grads
+from peers.backend import BackwardJob, ForwardJob, SpanBackend
 from peers.engine import Engine
 from peers.limits import Admission, LimitsConfig, SessionBudget, StreamBudget, client_key
+from peers.lora import AdapterCache
 from peers.metrics import PeerMetrics
 from peers.push import Inbox, Inboxes, Pusher
-from peers.rpc_status import answers_errors
+from peers.rpc_status import answers_errors, check_version
 from peers.scheduler import TaskKind
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
@@ -56,7 +58,7 @@ class ServiceConfig:
     output_noise_std: float = 0.0
 
 
-class PeerService(pb_grpc.PeerServicer):
+class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     def __init__(self, backend: SpanBackend, engine: Engine, config: ServiceConfig, metrics: PeerMetrics) -> None:
         self.backend, self.engine, self.config = backend, engine, config
         self.metrics = metrics
@@ -64,6 +66,7 @@ class PeerService(pb_grpc.PeerServicer):
         self.state: int = pb.PEER_STATE_JOINING
         self.inboxes = Inboxes()
         self.pusher = Pusher(config.max_message_bytes, config.credentials)
+        self.adapters = AdapterCache()  # LoRA adapters uploaded by fine-tuning clients (peers/adapter_service.py)
         engine.on_lost = self.inboxes.fail  # preempted or idle: the stream ends with that error (thread-safe)
 
     # ---- stateless compute ----
@@ -88,8 +91,10 @@ class PeerService(pb_grpc.PeerServicer):
 
     @answers_errors
     def Backward(self, request: pb.BackwardRequest, context: grpc.ServicerContext) -> pb.BackwardResponse:
+        if request.HasField("adapter"):
+            raise InvalidRequest("a backward with an adapter answers its gradients on BackwardStream only")
         future, choice = self._submit_backward(request, request.hidden_states, request.grad_outputs)
-        grads = self._encode_one(future.result(), choice)
+        grads = self._encode_one(future.result()[0], choice)
         return pb.BackwardResponse(grad_inputs=grads, request_id=request.request_id)
 
     @answers_errors
@@ -101,19 +106,23 @@ class PeerService(pb_grpc.PeerServicer):
         first, hidden = _collect(parts, "hidden_states")
         _, grad_outputs = _collect(parts, "grad_outputs")
         future, choice = await asyncio.to_thread(self._submit_backward, first, hidden, grad_outputs)
-        grads = await asyncio.to_thread(self._encode, await asyncio.wrap_future(future), choice)
+        grad_inputs, grad_adapter = await asyncio.wrap_future(future)
+        grads = await asyncio.to_thread(self._encode, grad_inputs, choice)
         for chunk in split(grads, self.config.max_message_bytes):
             yield pb.BackwardResponse(grad_inputs=chunk, request_id=first.request_id)
+        for message in adapter_grads(grad_adapter):
+            yield message
 
     def _submit_forward(self, request: pb.ForwardRequest, tensor: pb.Tensor) -> tuple[Future, pb.CodecChoice]:
         """Check and decode a forward, queue it to the engine; its future gives the span's output."""
-        _check_version(request.protocol_version)
+        check_version(request.protocol_version)
         blocks = self.backend.blocks(request.start_block, request.end_block)
         hidden = self._decode_checked(tensor, "hidden_states")
         self.backend.check_position(request.position, hidden.shape[1])
         choice = self._response_codec(request.response_codec, tensor)
-        job = ForwardJob(hidden, int(request.position), blocks)
-        key = (blocks.start, blocks.stop, job.position, hidden.shape[1], hidden.dtype)
+        adapter = self._adapter_for(request, blocks)
+        job = ForwardJob(hidden, int(request.position), blocks, adapter)
+        key = (blocks.start, blocks.stop, job.position, hidden.shape[1], hidden.dtype, adapter and adapter.key)
         tokens = hidden.shape[0] * hidden.shape[1]
         return self.engine.submit(TaskKind.FORWARD, job, tokens=tokens, batch_key=key), choice
 
@@ -121,13 +130,13 @@ class PeerService(pb_grpc.PeerServicer):
         self, request: pb.BackwardRequest, hidden_msg: pb.Tensor, grad_msg: pb.Tensor
     ) -> tuple[Future, pb.CodecChoice]:
         """Check and decode a backward, queue it to the engine; its future gives the gradients of the inputs."""
-        _check_version(request.protocol_version)
+        check_version(request.protocol_version)
         blocks = self.backend.blocks(request.start_block, request.end_block)
         hidden = self._decode_checked(hidden_msg, "hidden_states")
         grads = self._decode_checked(grad_msg, "grad_outputs")
         self.backend.check_position(request.position, hidden.shape[1])
         choice = self._response_codec(request.response_codec, grad_msg)
-        payload = (hidden, grads, int(request.position), blocks)
+        payload = BackwardJob(hidden, grads, int(request.position), blocks, self._adapter_for(request, blocks))
         return self.engine.submit(TaskKind.BACKWARD, payload, tokens=hidden.shape[0] * hidden.shape[1]), choice
 
     # ---- inference sessions ----
@@ -154,7 +163,7 @@ class PeerService(pb_grpc.PeerServicer):
 
     @answers_errors
     async def Push(self, request: pb.PushRequest, context: grpc.aio.ServicerContext) -> pb.PushResponse:
-        _check_version(request.protocol_version)
+        check_version(request.protocol_version)
         if request.step.hidden_states.num_chunks > 1:
             raise InvalidRequest("a pushed step carries one whole tensor, not a chunk")
         # Checked here, so that a bad push is refused to its sender (who then reports pushed=false to the client)
@@ -164,7 +173,7 @@ class PeerService(pb_grpc.PeerServicer):
         return pb.PushResponse()
 
     def _open_session(self, opening: pb.InferenceOpen) -> tuple[str, pb.CodecChoice]:
-        _check_version(opening.protocol_version)
+        check_version(opening.protocol_version)
         if self.state != pb.PEER_STATE_ONLINE:
             raise PeerUnavailable(f"peer is {STATE_NAMES.get(self.state, self.state)} and opens no new sessions")
         blocks = self.backend.blocks(opening.start_block, opening.end_block)
@@ -332,10 +341,3 @@ def _check_chunks_agree(parts: list[Any]) -> None:
                 raise InvalidRequest(
                     f"chunk {index} of the stream has {header.name} {mine!r} where chunk 0 has {theirs!r}"
                 )
-
-
-def _check_version(version: int) -> None:
-    if version != pb.PROTOCOL_VERSION_CURRENT:
-        raise InvalidRequest(
-            f"protocol_version {version} is not supported; this peer speaks {pb.PROTOCOL_VERSION_CURRENT}"
-        )

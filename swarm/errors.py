@@ -37,6 +37,12 @@ class SessionNotFound(SessionLost):
     """The peer never had this session, or has already closed it."""
 
 
+class AdapterNotFound(SessionNotFound):
+    """The peer holds no upload of the adapter version (and blocks) asked for: it restarted, evicted it, or was
+    never sent it. Upload the adapter (LoadAdapter) and call again; on the wire it is NOT_FOUND, like any state
+    the peer does not hold."""
+
+
 class DeadlineExceeded(SwarmError):
     """A call did not finish in time."""
 

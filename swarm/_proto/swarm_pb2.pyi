@@ -100,7 +100,7 @@ class CodecChoice(_message.Message):
     def __init__(self, codec: _Optional[_Union[Codec, str]] = ..., block_size: _Optional[int] = ..., compress_min_bytes: _Optional[int] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "position", "response_codec", "request_id")
+    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "position", "response_codec", "request_id", "adapter")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
     END_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,7 @@ class ForwardRequest(_message.Message):
     POSITION_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     start_block: int
     end_block: int
@@ -115,7 +116,8 @@ class ForwardRequest(_message.Message):
     position: int
     response_codec: CodecChoice
     request_id: str
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    adapter: AdapterRef
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ...) -> None: ...
 
 class ForwardResponse(_message.Message):
     __slots__ = ("hidden_states", "request_id")
@@ -126,7 +128,7 @@ class ForwardResponse(_message.Message):
     def __init__(self, hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class BackwardRequest(_message.Message):
-    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "grad_outputs", "position", "response_codec", "request_id")
+    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "grad_outputs", "position", "response_codec", "request_id", "adapter")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
     END_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +137,7 @@ class BackwardRequest(_message.Message):
     POSITION_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     start_block: int
     end_block: int
@@ -143,15 +146,56 @@ class BackwardRequest(_message.Message):
     position: int
     response_codec: CodecChoice
     request_id: str
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., grad_outputs: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    adapter: AdapterRef
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., grad_outputs: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ...) -> None: ...
 
 class BackwardResponse(_message.Message):
-    __slots__ = ("grad_inputs", "request_id")
+    __slots__ = ("grad_inputs", "request_id", "adapter_grad")
     GRAD_INPUTS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_GRAD_FIELD_NUMBER: _ClassVar[int]
     grad_inputs: Tensor
     request_id: str
-    def __init__(self, grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    adapter_grad: NamedTensor
+    def __init__(self, grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., request_id: _Optional[str] = ..., adapter_grad: _Optional[_Union[NamedTensor, _Mapping]] = ...) -> None: ...
+
+class AdapterRef(_message.Message):
+    __slots__ = ("adapter_id", "version")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    version: int
+    def __init__(self, adapter_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class NamedTensor(_message.Message):
+    __slots__ = ("name", "tensor")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tensor: Tensor
+    def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class AdapterPart(_message.Message):
+    __slots__ = ("protocol_version", "adapter", "start_block", "end_block", "scaling", "weight")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    START_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    END_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SCALING_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    adapter: AdapterRef
+    start_block: int
+    end_block: int
+    scaling: float
+    weight: NamedTensor
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., scaling: _Optional[float] = ..., weight: _Optional[_Union[NamedTensor, _Mapping]] = ...) -> None: ...
+
+class AdapterAck(_message.Message):
+    __slots__ = ("tensors",)
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    tensors: int
+    def __init__(self, tensors: _Optional[int] = ...) -> None: ...
 
 class InferenceOpen(_message.Message):
     __slots__ = ("protocol_version", "session_id", "start_block", "end_block", "batch_size", "max_length", "response_codec")

@@ -66,6 +66,11 @@ class PeerStub:
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.PushRequest.SerializeToString,
                 response_deserializer=swarm_dot___proto_dot_swarm__pb2.PushResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.stream_unary(
+                '/rayswarm.v1.Peer/LoadAdapter',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.AdapterPart.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.AdapterAck.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/rayswarm.v1.Peer/Info',
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.InfoRequest.SerializeToString,
@@ -120,6 +125,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request_iterator, context):
+        """replaces any older version of the adapter
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Info(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -164,6 +176,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Push,
                     request_deserializer=swarm_dot___proto_dot_swarm__pb2.PushRequest.FromString,
                     response_serializer=swarm_dot___proto_dot_swarm__pb2.PushResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.stream_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.AdapterPart.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.AdapterAck.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
@@ -340,6 +357,33 @@ class Peer:
             '/rayswarm.v1.Peer/Push',
             swarm_dot___proto_dot_swarm__pb2.PushRequest.SerializeToString,
             swarm_dot___proto_dot_swarm__pb2.PushResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/rayswarm.v1.Peer/LoadAdapter',
+            swarm_dot___proto_dot_swarm__pb2.AdapterPart.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.AdapterAck.FromString,
             options,
             channel_credentials,
             insecure,

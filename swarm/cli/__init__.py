@@ -5,7 +5,8 @@ up.py: `swarm up` (a whole swarm on one machine); dht.py: `swarm dht` (a DHT boo
 status.py: `swarm status`; generate.py: `swarm generate`;
 prometheus_targets.py: `swarm prometheus-targets` (Prometheus file-SD from the registry); monitor.py: `swarm monitor`
 (the live swarm map); train.py: `swarm train`, `swarm export`, `swarm init-model`; keys.py: `swarm keys init`,
-`swarm keys issue` (private swarms); api.py: `swarm api` (the OpenAI-compatible API on Ray Serve).
+`swarm keys issue` (private swarms); api.py: `swarm api` (the OpenAI-compatible API on Ray Serve); finetune.py:
+`swarm finetune` (LoRA or prompt tuning through the swarm, parameters on the client).
 _credentials.py: the `--credentials DIR` / `--open` flags they share.
 """
 
@@ -16,11 +17,25 @@ import logging
 import signal
 import sys
 
-from swarm.cli import api, convert, demo, dht, generate, keys, monitor, peer, prometheus_targets, status, train, up
+from swarm.cli import (
+    api,
+    convert,
+    demo,
+    dht,
+    finetune,
+    generate,
+    keys,
+    monitor,
+    peer,
+    prometheus_targets,
+    status,
+    train,
+    up,
+)
 from swarm.errors import SwarmError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-COMMANDS = (convert, demo, keys, dht, peer, up, status, generate, api, monitor, prometheus_targets, train)
+COMMANDS = (convert, demo, keys, dht, peer, up, status, generate, api, monitor, prometheus_targets, train, finetune)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -202,6 +202,9 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             loss = torch.nn.functional.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KWARG: past_key_values})
 
+    def get_input_embeddings(self) -> torch.nn.Embedding:
+        return self.head.embed_tokens
+
     def _forward_without_cache(self, embeds: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The blocks' outputs for embeds [batch, seq, hidden]; each distinct padding runs as its own batch of only
         the real tokens (zeros come out where a token is padding)."""

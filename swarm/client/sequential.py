@@ -16,14 +16,17 @@ import torch
 
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
+from swarm.client.adapter_upload import AdapterUploads
 from swarm.client.checks import checked_output
+from swarm.client.lora import LoraAdapter
 from swarm.client.metrics import ClientMetrics
-from swarm.codec import CodecId, encode, join, split
+from swarm.codec import CodecId, decode, encode, join, split
 from swarm.errors import (
     InvalidOutput,
     InvalidRequest,
     Overloaded,
     PeerUnavailable,
+    SessionNotFound,
     SwarmError,
     WrongSpan,
     error_for,
@@ -57,13 +60,17 @@ class RemoteSequential(torch.nn.Module):
         self.compress_min_bytes = compress_min_bytes
         self.timeout_s, self.max_retries = timeout_s, max_retries
         self.stub = PeerStubs(credentials)
+        self.adapter: LoraAdapter | None = None  # the blocks run with this LoRA adapter; its tensors get grads
+        self.uploads = AdapterUploads()
 
     def close(self) -> None:
         self.stub.close()
 
     def forward(self, hidden: torch.Tensor, position: int = 0) -> torch.Tensor:
-        """hidden [batch, seq, hidden] -> the output of blocks `need`; differentiable with respect to `hidden`."""
-        return _RemoteSpan.apply(hidden, self, position)
+        """hidden [batch, seq, hidden] -> the output of blocks `need`; differentiable with respect to `hidden` and
+        to the tensors of `self.adapter` (a LoraAdapter, or None: the bare blocks)."""
+        weights = list(self.adapter.weights) if self.adapter is not None else []
+        return _RemoteSpan.apply(hidden, self, position, *weights)
 
     def run_forward(
         self, span: Span, position: int, hidden: torch.Tensor, retries: _Retries
@@ -83,26 +90,51 @@ class RemoteSequential(torch.nn.Module):
             hidden = output
         return hidden, used
 
-    def run_backward(self, used: list, position: int, grad: torch.Tensor, retries: _Retries) -> torch.Tensor:
+    def run_backward(
+        self, used: list, position: int, grad: torch.Tensor, retries: _Retries, adapter_grads: dict
+    ) -> torch.Tensor:
+        """Backward through the hops `used`, in reverse; the adapter's gradients (by name) go into `adapter_grads`."""
         for hop, inputs in reversed(used):
             try:
-                grad = self._call(hop, position, inputs, grad)
+                grad = self._call(hop, position, inputs, grad, adapter_grads)
             except InvalidRequest:
                 raise
             except SwarmError as error:
                 retries.spend(hop, error, self.router, "backward")
                 _, replacement = self.run_forward(hop.span, position, inputs, retries)  # each new hop's inputs
-                grad = self.run_backward(replacement, position, grad, retries)
+                grad = self.run_backward(replacement, position, grad, retries, adapter_grads)
         return grad
 
     def _route(self, span: Span, hidden: torch.Tensor) -> tuple[Hop, ...]:
         return self.router.choose(span, self.peers(), tokens=hidden.shape[0] * hidden.shape[1])
 
-    def _call(self, hop: Hop, position: int, hidden: torch.Tensor, grad: torch.Tensor | None = None) -> torch.Tensor:
+    def _call(
+        self,
+        hop: Hop,
+        position: int,
+        hidden: torch.Tensor,
+        grad: torch.Tensor | None = None,
+        grads: dict | None = None,
+    ) -> torch.Tensor:
         """One Forward (grad None) or Backward call on the stream RPCs, which carry tensors of any size; the answer
-        passes the output checks (swarm/client/checks.py) against `hidden`, whose shape it must have."""
+        passes the output checks (swarm/client/checks.py) against `hidden`, whose shape it must have. With an
+        adapter, the peer is sent its copy first if it lacks it, and a Backward's adapter gradients go into `grads`."""
         header = {"protocol_version": pb.PROTOCOL_VERSION_CURRENT, "position": position}
         header |= {"start_block": hop.span.start, "end_block": hop.span.end}
+        if self.adapter is None:
+            return self._call_once(hop, header, hidden, grad, grads)
+        header["adapter"] = pb.AdapterRef(adapter_id=self.adapter.adapter_id, version=self.adapter.version)
+        self.uploads.ensure(self.stub(hop.address), hop, self.adapter, self.timeout_s)
+        try:
+            return self._call_once(hop, header, hidden, grad, grads)
+        except SessionNotFound:  # the peer lost its copy (restarted, evicted it): upload again, once
+            self.uploads.forget(hop.address)
+            self.uploads.ensure(self.stub(hop.address), hop, self.adapter, self.timeout_s)
+            return self._call_once(hop, header, hidden, grad, grads)
+
+    def _call_once(
+        self, hop: Hop, header: dict, hidden: torch.Tensor, grad: torch.Tensor | None, grads: dict | None
+    ) -> torch.Tensor:
         choice = pb.CodecChoice(codec=int(self.codec), compress_min_bytes=self.compress_min_bytes)
         stub = self.stub(hop.address)
         try:
@@ -117,7 +149,9 @@ class RemoteSequential(torch.nn.Module):
                     pb.BackwardRequest(hidden_states=h, grad_outputs=g, response_codec=choice, **header)
                     for h, g in pairs
                 ]
-                chunks = [r.grad_inputs for r in stub.BackwardStream(iter(requests), timeout=self.timeout_s)]
+                responses = list(stub.BackwardStream(iter(requests), timeout=self.timeout_s))
+                chunks = [r.grad_inputs for r in responses if r.HasField("grad_inputs")]
+                _adapter_grads(responses, grads, hop.address)
         except grpc.RpcError as error:
             raise error_for(error.code(), f"{hop.address}: {error.details()}") from error
         try:
@@ -130,6 +164,23 @@ class RemoteSequential(torch.nn.Module):
         return list(
             split(encode(tensor.detach(), self.codec, compress_min_bytes=self.compress_min_bytes), CHUNK_BYTES)
         )
+
+
+def _adapter_grads(responses: list, into: dict | None, address: str) -> None:
+    """Add the adapter gradients of a BackwardStream's answer to `into` (by tensor name)."""
+    for response in responses:
+        if not response.HasField("adapter_grad"):
+            continue
+        if into is None:
+            raise InvalidOutput("decode", f"{address}: adapter gradients answered to a backward without adapter")
+        named = response.adapter_grad
+        try:
+            value = decode(named.tensor)
+        except InvalidRequest as error:
+            raise InvalidOutput("decode", f"{address}: adapter gradient {named.name!r}: {error}") from error
+        if not bool(torch.isfinite(value).all()):
+            raise InvalidOutput("finite", f"{address}: adapter gradient {named.name!r} holds NaN or Inf")
+        into[named.name] = into[named.name] + value if named.name in into else value
 
 
 class _Retries:
@@ -154,12 +205,15 @@ class _Retries:
 
 class _RemoteSpan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, module: RemoteSequential, position: int) -> torch.Tensor:
+    def forward(ctx, hidden: torch.Tensor, module: RemoteSequential, position: int, *weights) -> torch.Tensor:
         output, used = module.run_forward(module.need, position, hidden, _Retries(module.max_retries, module.metrics))
         ctx.module, ctx.position, ctx.used = module, position, used
+        ctx.names = list(module.adapter.names) if weights else []
         return output
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple:
         retries = _Retries(ctx.module.max_retries, ctx.module.metrics)
-        return ctx.module.run_backward(ctx.used, ctx.position, grad, retries), None, None
+        by_name: dict[str, torch.Tensor] = {}
+        grad_hidden = ctx.module.run_backward(ctx.used, ctx.position, grad, retries, by_name)
+        return grad_hidden, None, None, *(by_name.get(name) for name in ctx.names)

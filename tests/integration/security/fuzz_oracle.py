@@ -13,7 +13,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from benchmarks.peer_process import FUZZ
-from peers.backend import MAX_POSITION, ForwardJob, SpanBackend
+from peers.backend import MAX_POSITION, BackwardJob, ForwardJob, SpanBackend
 from peers.limits import MESSAGE_OVERHEAD_BYTES, stream_bytes_for
 from swarm._proto import swarm_pb2 as pb
 from swarm.codec import CODECS, decode, join
@@ -108,7 +108,7 @@ class Oracle:
             if grads is None:
                 output = self.backend.forward([ForwardJob(hidden, position, blocks)])[0]
             else:
-                output = self.backend.backward(hidden, grads, position, blocks)
+                output = self.backend.backward(BackwardJob(hidden, grads, position, blocks))[0]
             if not bool(torch.isfinite(output).all()):
                 return Expect(False, why="the blocks overflow: the answer cannot be encoded in 8 bits")
         return Expect(True, shape=list(hidden.shape))

@@ -1,0 +1,148 @@
+"""LoRA adapters on a peer: the uploaded copies of clients' adapters (kept per id, one version each) and their
+application to the span's linear layers for one forward or backward.
+
+The client owns the trainable tensors and the optimizer (swarm/finetune/lora.py); a peer is stateless compute with
+a cache, so a peer's death loses nothing. The math is peft's LoRA `Linear`: output = base(x) + B(A(x)) * scaling
+(no dropout), so that a swarm forward equals a local peft one. Called by peers/backend.py and peers/service.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from swarm.errors import AdapterNotFound, InvalidRequest
+
+TARGETS = {  # peft's target module names -> their path inside one of our blocks (the same as Hugging Face's)
+    "q_proj": "self_attn.q_proj",
+    "k_proj": "self_attn.k_proj",
+    "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj",
+    "gate_proj": "mlp.gate_proj",
+    "up_proj": "mlp.up_proj",
+    "down_proj": "mlp.down_proj",
+}
+MAX_RANK = 256  # a bigger rank is no longer low: refuse it rather than hold it
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterKey:
+    adapter_id: str
+    version: int
+
+
+@dataclass(slots=True)
+class LoraWeights:
+    """One upload: blocks [start, end) of one adapter version; tensors by name ("3.self_attn.q_proj.lora_A")."""
+
+    key: AdapterKey
+    start: int
+    end: int
+    scaling: float
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # lora_A [rank, in], lora_B [out, rank]
+
+    def covers(self, blocks: range) -> bool:
+        return self.start <= blocks.start and blocks.stop <= self.end
+
+    def pairs(self, blocks: range) -> Iterator[tuple[int, str, str]]:
+        """(block, module path, name prefix) of every complete A/B pair within `blocks`."""
+        for name in self.tensors:
+            if not name.endswith(".lora_A"):
+                continue
+            prefix = name[: -len(".lora_A")]
+            block, _, path = prefix.partition(".")
+            if int(block) in blocks and f"{prefix}.lora_B" in self.tensors:
+                yield int(block), path, prefix
+
+
+def parse_name(name: str, start: int, end: int) -> tuple[int, str]:
+    """Check an uploaded tensor's name; returns (block, module path). Raises InvalidRequest naming the problem."""
+    block, _, rest = name.partition(".")
+    path, _, kind = rest.rpartition(".")
+    if not block.isdigit() or kind not in ("lora_A", "lora_B") or path not in TARGETS.values():
+        raise InvalidRequest(f"adapter tensor name {name!r} is not '<block>.<{'|'.join(TARGETS.values())}>.lora_A|B'")
+    if not start <= int(block) < end:
+        raise InvalidRequest(f"adapter tensor {name!r} is outside the upload's blocks [{start}, {end})")
+    return int(block), path
+
+
+class AdapterCache:
+    """The adapters uploaded to this peer: the latest version of each id, least recently used evicted first."""
+
+    def __init__(self, max_adapters: int = 16) -> None:
+        self.max_adapters = max_adapters
+        self._held: OrderedDict[str, LoraWeights] = OrderedDict()
+        self._lock = threading.Lock()  # the service stores, the engine's thread reads
+
+    def put(self, weights: LoraWeights) -> None:
+        with self._lock:
+            self._held.pop(weights.key.adapter_id, None)
+            self._held[weights.key.adapter_id] = weights
+            while len(self._held) > self.max_adapters:
+                self._held.popitem(last=False)
+
+    def get(self, key: AdapterKey, blocks: range) -> LoraWeights:
+        """The upload of exactly `key` covering `blocks`. Raises AdapterNotFound: upload it, then call again."""
+        with self._lock:
+            weights = self._held.get(key.adapter_id)
+            if weights is None or weights.key != key or not weights.covers(blocks):
+                raise AdapterNotFound(
+                    f"adapter {key.adapter_id!r} version {key.version} for blocks [{blocks.start}, {blocks.stop}) "
+                    "is not held here: upload it (LoadAdapter)"
+                )
+            self._held.move_to_end(key.adapter_id)
+            return weights
+
+
+def check_shapes(span: nn.Module, weights: LoraWeights) -> None:
+    """Refuse an upload whose tensors do not fit the span's linear layers (InvalidRequest naming the tensor)."""
+    for name, tensor in weights.tensors.items():
+        block, path = parse_name(name, weights.start, weights.end)
+        linear = span.blocks[block - span.start].get_submodule(path)
+        rank = tensor.shape[0] if name.endswith("lora_A") else tensor.shape[-1]
+        want = (rank, linear.in_features) if name.endswith("lora_A") else (linear.out_features, rank)
+        if tensor.dim() != 2 or tuple(tensor.shape) != want or not 1 <= rank <= MAX_RANK:
+            raise InvalidRequest(f"adapter tensor {name!r} has shape {list(tensor.shape)}; this layer needs {want}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise InvalidRequest(f"adapter tensor {name!r} holds NaN or Inf values")
+
+
+class _LoraLinear(nn.Module):
+    """A linear layer plus a low-rank delta, computed as peft's lora.Linear computes it."""
+
+    def __init__(self, base: nn.Linear, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> None:
+        super().__init__()
+        self.base, self.lora_a, self.lora_b, self.scaling = base, lora_a, lora_b, scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result = self.base(x)
+        return result + F.linear(F.linear(x, self.lora_a.to(x.dtype)), self.lora_b.to(x.dtype)) * self.scaling
+
+
+@contextmanager
+def applied(span: nn.Module, weights: LoraWeights | None, blocks: range, tensors: dict[str, torch.Tensor]) -> Iterator:
+    """Within the block, the span's targeted linear layers in `blocks` add `weights`' deltas, using `tensors`
+    (by name: the upload's own, or leaves that require grad for a backward). Runs on the engine's one thread."""
+    if weights is None:
+        yield
+        return
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []
+    try:
+        for block, path, prefix in weights.pairs(blocks):
+            parent_path, _, attr = path.rpartition(".")
+            parent = span.blocks[block - span.start].get_submodule(parent_path)
+            base = getattr(parent, attr)
+            lora = _LoraLinear(base, tensors[f"{prefix}.lora_A"], tensors[f"{prefix}.lora_B"], weights.scaling)
+            setattr(parent, attr, lora)
+            swapped.append((parent, attr, base))
+        yield
+    finally:
+        for parent, attr, base in reversed(swapped):
+            setattr(parent, attr, base)

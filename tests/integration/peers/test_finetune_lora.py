@@ -1,0 +1,147 @@
+"""LoRA and shallow prompt tuning through two live SmolLM2 peers (codec NONE) against local peft training of the same
+adapter on the same batches; the adapter saved by the swarm loads into transformers + peft and gives the swarm's
+logits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarm import CodecId, DistributedModelForCausalLM
+from swarm.client.lora import LoraAdapter
+from swarm.client.prompts import PromptTuning
+from swarm.registry import Registry
+from swarm.security import SwarmCredentials
+
+from .finetune_helpers import batches, local_peft, relative
+
+STEPS = 20
+PTUNE_STEPS = 5
+LR = 1e-3
+
+
+@pytest.fixture(scope="module")
+def swarm_model(smollm2_path: Path, bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
+    model = DistributedModelForCausalLM.from_pretrained(
+        smollm2_path, bootstrap.addresses, codec=CodecId.NONE, credentials=SwarmCredentials.open()
+    )
+    model.requires_grad_(False)  # only the adapter trains
+    yield model
+    model.close()
+
+
+@pytest.fixture
+def bare(swarm_model: DistributedModelForCausalLM) -> Iterator[DistributedModelForCausalLM]:
+    """The shared model, left without an adapter by each test however it ends."""
+    yield swarm_model
+    swarm_model.blocks.adapter = None
+
+
+@pytest.mark.timeout(600)  # 20 steps of each of two 135M models on 2 shared cores: 2 to 5 minutes
+def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(bare, smollm2_path, tmp_path) -> None:
+    swarm_model = bare
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    local = local_peft(smollm2_path)
+    local.save_pretrained(tmp_path / "init")
+    adapter = LoraAdapter.from_pretrained(swarm_model, tmp_path / "init")  # the same initial tensors
+    swarm_model.blocks.adapter = adapter
+    data = batches(AutoTokenizer.from_pretrained(str(smollm2_path)), STEPS)
+    trainable = [p for p in local.parameters() if p.requires_grad]
+    optimizers = torch.optim.AdamW(trainable, lr=LR), torch.optim.AdamW(adapter.parameters(), lr=LR)
+    losses, started = [], time.perf_counter()
+    for ids in data:
+        for model, optimizer in zip((local, swarm_model), optimizers, strict=True):
+            optimizer.zero_grad()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    elapsed = time.perf_counter() - started
+    local_state = {k: v for k, v in local.state_dict().items() if "lora_" in k}
+    diffs = []
+    for name, tensor in adapter.named().items():
+        peft_name = f"base_model.model.model.layers.{name}.default.weight"
+        diffs.append(relative(tensor.detach(), local_state[peft_name]))
+    print(f"\n{STEPS} steps in {elapsed:.1f} s; max relative diff {max(diffs):.2e}; losses {losses[-2:]}")
+    assert losses[-1] < losses[1] - 0.1  # it learned
+    assert max(diffs) <= 1e-4
+
+    adapter.save_pretrained(tmp_path / "swarm", base_model=str(smollm2_path))
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, tmp_path / "swarm").eval()
+    with torch.no_grad():
+        expected = loaded(input_ids=data[0]).logits
+        got = swarm_model(input_ids=data[0]).logits
+    gap = float((got - expected).abs().max())
+    print(f"round trip: logits max abs diff {gap:.2e}")
+    assert gap <= 1e-4
+
+
+def test_shallow_prompt_tuning_equals_peft_and_round_trips(bare, smollm2_path, tmp_path) -> None:
+    swarm_model = bare
+    from peft import PeftModel, PromptTuningConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    local = get_peft_model(base, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    local.save_pretrained(tmp_path / "init")
+    prompts = PromptTuning.from_pretrained(tmp_path / "init")
+    data = batches(AutoTokenizer.from_pretrained(str(smollm2_path)), PTUNE_STEPS)
+    trainable = [p for p in local.parameters() if p.requires_grad]
+    optimizers = torch.optim.AdamW(trainable, lr=1e-2), torch.optim.AdamW(prompts.parameters(), lr=1e-2)
+    for ids in data:
+        for step, optimizer in zip((local, None), optimizers, strict=True):
+            optimizer.zero_grad()
+            if step is None:
+                loss = swarm_model(**prompts.inputs(swarm_model, ids, ids)).loss
+            else:
+                loss = local(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+    trained = local.state_dict()["prompt_encoder.default.embedding.weight"]
+    diff = relative(prompts.prompts.detach(), trained)
+    print(f"\nprompt tuning: {PTUNE_STEPS} steps, relative diff {diff:.2e}")
+    assert diff <= 1e-4
+
+    prompts.save_pretrained(tmp_path / "swarm", base_model=str(smollm2_path), num_layers=30)
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, tmp_path / "swarm").eval()
+    with torch.no_grad():
+        expected = loaded(input_ids=data[0]).logits
+        got = swarm_model(**prompts.inputs(swarm_model, data[0])).logits
+    assert float((got - expected).abs().max()) <= 1e-4
+
+
+def test_swarm_finetune_command_saves_a_peft_adapter(smollm2_path, bootstrap: Registry, tmp_path, capsys) -> None:
+    import json
+
+    import yaml
+
+    from swarm.cli import main
+
+    job = {
+        "model": str(smollm2_path),
+        "initial_peers": list(bootstrap.addresses),
+        "dataset": str(Path(__file__).resolve().parents[2] / "data" / "finetune_tags.jsonl"),
+        "method": "lora",
+        "lora": {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]},
+        "steps": 2,
+        "batch_size": 2,
+        "codec": "none",
+        "output_dir": str(tmp_path / "adapter"),
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert main(["finetune", str(tmp_path / "job.yaml"), "--open"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["final_loss"] > 0 and 0 <= summary["exact_match"] <= 1
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
