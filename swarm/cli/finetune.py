@@ -1,4 +1,4 @@
-"""`swarm finetune JOB.yaml [--open | --credentials DIR] [--steps N] [--initial-peers ADDR ...]`
+"""`swarm finetune JOB.yaml [--open | --credentials DIR] [--steps N] [--initial-peers ADDR]`
 
 Fine-tunes a LoRA adapter or prompt embeddings of the model the swarm serves: the base blocks stay on the peers, the
 trainable parameters and the optimizer stay in this process (no Ray needed). Shows a progress bar with loss and
@@ -13,14 +13,15 @@ import json
 import time
 from pathlib import Path
 
+from swarm.cli._arguments import add_initial_peers_flag, at_least
 from swarm.cli._credentials import add_credential_flags
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("finetune", help="fine-tune a LoRA adapter or prompts through the swarm")
     parser.add_argument("job", type=Path, help="the job's YAML file (see swarm/finetune/config.py)")
-    parser.add_argument("--steps", type=int, help="override the job's steps")
-    parser.add_argument("--initial-peers", nargs="+", help="override the job's initial_peers")
+    parser.add_argument("--steps", type=at_least(1), help="override the job's steps")
+    add_initial_peers_flag(parser, required=False)  # overrides the job's initial_peers
     add_credential_flags(parser)  # override the job's `credentials`
     parser.set_defaults(run=run_finetune)
 
@@ -35,7 +36,8 @@ def run_finetune(ns: argparse.Namespace) -> int:
     from swarm.security import SwarmCredentials
 
     credentials = "open" if ns.open else (str(ns.credentials) if ns.credentials else None)
-    config = load_finetune_config(ns.job, steps=ns.steps, credentials=credentials, initial_peers=ns.initial_peers)
+    peers = ns.initial_peers or None
+    config = load_finetune_config(ns.job, steps=ns.steps, credentials=credentials, initial_peers=peers)
     chosen = SwarmCredentials.open() if config.credentials == "open" else SwarmCredentials.load(config.credentials)
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
     examples = load_examples(config.dataset)

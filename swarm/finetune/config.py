@@ -4,7 +4,7 @@ Example JOB.yaml:
     model: .cache/models/smollm2-135m       # the checkpoint the swarm serves (the client loads its head)
     initial_peers: [/ip4/127.0.0.1/tcp/31337/p2p/Qm...]
     credentials: open                       # or a member's directory (private swarm)
-    dataset: tests/data/finetune_capitals.jsonl   # JSONL {"prompt", "completion"} or {"text"}, or a .txt file
+    dataset: tests/data/finetune_tags.jsonl       # JSONL {"prompt", "completion"} or {"text"}, or a .txt file
     method: lora                            # or ptune
     lora: {rank: 8, alpha: 16, targets: [q_proj, v_proj]}
     ptune: {num_tokens: 16}
