@@ -18,17 +18,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from swarm.client.lora import TARGETS  # peft's target names -> their paths inside a block, one table for both sides
 from swarm.errors import AdapterNotFound, InvalidRequest
 
-TARGETS = {  # peft's target module names -> their path inside one of our blocks (the same as Hugging Face's)
-    "q_proj": "self_attn.q_proj",
-    "k_proj": "self_attn.k_proj",
-    "v_proj": "self_attn.v_proj",
-    "o_proj": "self_attn.o_proj",
-    "gate_proj": "mlp.gate_proj",
-    "up_proj": "mlp.up_proj",
-    "down_proj": "mlp.down_proj",
-}
 MAX_RANK = 256  # a bigger rank is no longer low: refuse it rather than hold it
 
 
