@@ -9,7 +9,8 @@ client, with push) plus the local compute per token: a Hugging Face step measure
 each setting (so under the same load from the rest of the shared machine). `fraction_of_limit` = measured
 tokens/s / the bound's tokens/s. Where the time goes, per token: `swarm_ms_per_token` (step less the local step),
 `link_ms_per_token` (step less the 0 ms control's step, same codec) and `link_rtts_per_token` (that over the RTT).
-Prints one JSON object."""
+Then training (benchmarks/wan_train.py): a 2-stage x 2-replica job across 6 namespaces at 0 ms and at 100 ms /
+100 Mbit/s, and `train_wan_vs_loopback`, the ratio of their samples/s. Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -113,6 +115,18 @@ def summarize(name: str, setting: dict, control: dict) -> dict:
 
 
 def run_benchmark(ns: argparse.Namespace) -> dict:
+    result = {"benchmark": "wan"}
+    if "generate" in ns.parts:
+        result |= run_generation(ns)
+    if "train" in ns.parts:
+        from benchmarks.wan_train import measure_training
+
+        training = measure_training(steps=ns.train_steps)
+        result |= {"train_wan_vs_loopback": training["train_wan_vs_loopback"], "training": training["settings"]}
+    return result | {"load_average_1m": round(os.getloadavg()[0], 2)}  # shared machine: figures move with load
+
+
+def run_generation(ns: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
     input_ids = AutoTokenizer.from_pretrained(str(ns.model))(PROMPT, return_tensors="pt").input_ids[:, :16]
@@ -126,12 +140,10 @@ def run_benchmark(ns: argparse.Namespace) -> dict:
             print(f"{name}: {json.dumps(measured[name]['runs'])}", file=sys.stderr)
     settings = {name: summarize(name, setting, measured["0ms"]) for name, setting in measured.items()}
     return {
-        "benchmark": "wan",
         "new_tokens": ns.new_tokens,
         "default_codec": DEFAULT_CODEC.name,
         "fraction_of_limit_100ms": settings["100ms"][DEFAULT_CODEC.name]["fraction_of_limit"],
         "settings": settings,
-        "load_average_1m": round(os.getloadavg()[0], 2),  # this machine is shared: figures move with its load
     }
 
 
@@ -139,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--parts", default="generate,train", help="generate and/or train (comma-separated)")
+    parser.add_argument("--train-steps", type=int, default=4, help="stage steps of each training run")
     ns = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the WanLink removes its namespaces
     reason = unavailable_reason()
     if reason:
         print(json.dumps({"benchmark": "wan", "skipped": reason}))

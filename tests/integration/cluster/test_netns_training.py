@@ -28,7 +28,7 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "eval_text.txt"
 STAGES = {"s0": "0:2", "s1": "2:4"}
 HOSTS = ["bootstrap", "s0r0", "s0r1", "s1r0", "s1r1", "trainer"]
 STEPS = 3
-SCRIPT = "tests.integration.cluster.training_host"
+SCRIPT = "benchmarks.training_host"
 
 
 @pytest.fixture(scope="module")

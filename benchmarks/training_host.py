@@ -1,9 +1,10 @@
-"""One part of a training job, run alone in a network namespace by test_netns_training.py (no Ray):
+"""One part of a training job, run alone in a network namespace (no Ray), by
+tests/integration/cluster/test_netns_training.py and by `python -m benchmarks.wan` (benchmarks/wan_train.py):
 
-    python -m tests.integration.cluster.training_host bootstrap --config JOB.yaml --host 10.77.0.10
-    python -m tests.integration.cluster.training_host stage --config JOB.yaml --host 0.0.0.0 --initial-peers ADDR \
+    python -m benchmarks.training_host bootstrap --config JOB.yaml --host 10.77.0.10
+    python -m benchmarks.training_host stage --config JOB.yaml --host 0.0.0.0 --initial-peers ADDR \
         --span 0:2 --peer-id s0r1 --out DIR      # serves until SIGTERM, then saves its parameters to DIR/s0r1.pt
-    python -m tests.integration.cluster.training_host trainer --config JOB.yaml --host 10.77.0.15 --initial-peers ADDR
+    python -m benchmarks.training_host trainer --config JOB.yaml --host 10.77.0.15 --initial-peers ADDR
 
 Each prints one line when it is ready ("initial peers: ADDR", "serving at HOST:PORT"; the trainer its final progress
 as "progress: {json}").
