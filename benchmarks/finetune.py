@@ -124,44 +124,16 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     ns = parser.parse_args()
 
-    from peers.server import PeerServer, ServerConfig
-    from swarm.partition import load_span
-    from swarm.registry import Announcer, Registry
+    from benchmarks.two_peers import two_peers
+    from peers.server import ServerConfig
     from swarm.security import SwarmCredentials
-    from swarm.types import PeerInfo, PeerState, Span
 
-    credentials = SwarmCredentials.open()
-    config = ServerConfig(cache_tokens=1024, max_session_length=256, max_request_tokens=4096, credentials=credentials)
-    servers = [PeerServer(load_span(ns.model, a, b), config, peer_id=f"ft-{a}") for a, b in ((0, 15), (15, 30))]
-    registry, announcers = Registry(credentials=credentials), []
-    try:
-        for server in servers:
-            server.start()
-            info = PeerInfo(
-                server.service.config.peer_id,
-                server.address,
-                Span(*_span(server)),
-                PeerState.ONLINE,
-                inference_steps_per_s=10.0,
-                cache_tokens_free=server.pool.tokens_free,
-                model=ns.model.name,
-                total_blocks=30,
-            )
-            announcers.append(Announcer(registry, lambda info=info: info, period_s=5, ttl_s=30))
-            announcers[-1].start()
-        with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(measure(ns, registry, servers, Path(tmp))), flush=True)
-    finally:
-        for announcer in announcers:
-            announcer.stop()
-        for server in servers:
-            server.stop()
-        registry.shutdown()
+    config = ServerConfig(
+        cache_tokens=1024, max_session_length=256, max_request_tokens=4096, credentials=SwarmCredentials.open()
+    )
+    with two_peers(ns.model, config=config) as (registry, servers), tempfile.TemporaryDirectory() as tmp:
+        print(json.dumps(measure(ns, registry, servers, Path(tmp))), flush=True)
     return 0
-
-
-def _span(server) -> tuple[int, int]:
-    return server.backend.span.start, server.backend.span.end
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ class StagePeer:
         self.config, self.peer_id, self.span = config, peer_id, span
         torch.set_num_threads(config.threads or os.cpu_count() or 1)
         dtype = TORCH_DTYPES[config.dtype]
-        blocks = load_span(config.model_path, span.start, span.end, dtype, config.device)
+        blocks = load_span(config.model_path, span.start, span.end, dtype, config.device, quant=config.quant)
         toward = multiaddr_host(config.initial_peers[0]) if config.initial_peers else None
         self.server = PeerServer(blocks, config.server, peer_id=peer_id, model=config.name, announce_toward=toward)
         self.server.measure_throughput()

@@ -12,6 +12,7 @@ from peers.server import ServerConfig
 from swarm.security import SwarmCredentials
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTS = ("none", "int8", "nf4")  # weights of the blocks' linear layers (swarm/partition/quantize.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ class PeerConfig:
     num_blocks: int | None = None  # how many blocks placement should take; None: as many as fit the memory
     device: str = "cpu"
     dtype: str = "float32"
+    quant: str = "none"
     host: str = "127.0.0.1"  # address the gRPC server and the DHT node bind (0.0.0.0: every interface)
     announce_host: str = ""  # address they announce; "": host, or for 0.0.0.0 the routed one (registry/hosts.py)
     dht_port: int = 0  # the DHT node's port; 0: any free port
@@ -67,6 +69,8 @@ class PeerConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quant not in QUANTS:
+            raise ValueError(f"quant must be one of {QUANTS}, got {self.quant!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.blocks is not None and self.num_blocks is not None:
@@ -112,6 +116,7 @@ class PeerConfig:
             num_blocks=ns.num_blocks,
             device=ns.device,
             dtype=ns.dtype,
+            quant=ns.quant,
             host=ns.host,
             announce_host=ns.announce_host,
             dht_port=ns.dht_port,

@@ -5,13 +5,17 @@ how many KV pages a peer's pool gets (`kv_pool_pages`), called by the server ins
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from peers.kv_cache import PoolShape
 from swarm.errors import InvalidRequest
 from swarm.partition.architecture import BlockConfig, architecture_of
+from swarm.partition.quantize import Quant, planned_bytes
 
 if TYPE_CHECKING:
     from peers.config import PeerConfig
@@ -38,24 +42,35 @@ def kv_cache_bytes_per_token(cfg: BlockConfig, dtype: str) -> int:
     return 2 * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
-def block_bytes(cfg: BlockConfig, dtype: str, cache_tokens: int, training: bool = False) -> int:
+@functools.lru_cache(maxsize=64)
+def block_weight_bytes(cfg: BlockConfig, dtype: str, quant: Quant = "none") -> int:
+    """Bytes of one block's weights as a peer loads them (linear layers at their `quant` size, the rest in
+    `dtype`), from a block built on the meta device: the config alone, no weights."""
+    with torch.device("meta"):
+        block = architecture_of(cfg.model_type).block(cfg)
+    return planned_bytes(block, quant, DTYPE_BYTES[dtype])
+
+
+def block_bytes(cfg: BlockConfig, dtype: str, cache_tokens: int, training: bool = False, quant: Quant = "none") -> int:
     """Memory one block costs a peer.
 
-    Serving: its weights in `dtype` plus `cache_tokens` tokens of KV cache (the pool a peer reserves per block).
+    Serving: its weights (`quant`, else `dtype`) plus `cache_tokens` tokens of KV cache in `dtype` (the pool a
+    peer reserves per block).
     Training: weights, fp32 gradients, Adam's two fp32 moments, and an fp32 master copy when `dtype` is 16-bit;
     no KV cache. Activations are left to the memory share held back from what the device reports.
     """
-    parameters = block_parameters(cfg)
-    weights = parameters * DTYPE_BYTES[dtype]
     if training:
+        parameters = block_parameters(cfg)
         master = 0 if dtype == "float32" else parameters * FP32_BYTES
-        return weights + master + parameters * (FP32_BYTES + ADAM_STATE_BYTES)
-    return weights + cache_tokens * kv_cache_bytes_per_token(cfg, dtype)
+        return parameters * (DTYPE_BYTES[dtype] + FP32_BYTES + ADAM_STATE_BYTES) + master
+    return block_weight_bytes(cfg, dtype, quant) + cache_tokens * kv_cache_bytes_per_token(cfg, dtype)
 
 
-def blocks_that_fit(memory_bytes: int, cfg: BlockConfig, dtype: str, cache_tokens: int, training: bool = False) -> int:
+def blocks_that_fit(
+    memory_bytes: int, cfg: BlockConfig, dtype: str, cache_tokens: int, training: bool = False, quant: Quant = "none"
+) -> int:
     """How many blocks `memory_bytes` holds, at most the whole model; 0 if not even one."""
-    return min(memory_bytes // block_bytes(cfg, dtype, cache_tokens, training), cfg.num_layers)
+    return min(memory_bytes // block_bytes(cfg, dtype, cache_tokens, training, quant), cfg.num_layers)
 
 
 def blocks_for_peer(config: PeerConfig, cfg: BlockConfig) -> int:
@@ -74,9 +89,9 @@ def blocks_for_peer(config: PeerConfig, cfg: BlockConfig) -> int:
         budget, cache_tokens = budget - int(config.server.cache_gib * GIB), 0
     elif cache_tokens is None:
         cache_tokens = DEFAULT_CACHE_TOKENS
-    length = blocks_that_fit(budget, cfg, config.dtype, cache_tokens)
+    length = blocks_that_fit(budget, cfg, config.dtype, cache_tokens, quant=config.quant)
     if length < 1:
-        one = block_bytes(cfg, config.dtype, cache_tokens) / GIB
+        one = block_bytes(cfg, config.dtype, cache_tokens, quant=config.quant) / GIB
         raise InvalidRequest(
             f"not even one block fits in {budget / GIB:.2f} GiB (one block with {cache_tokens} cache tokens "
             f"needs {one:.3f} GiB): give more --memory-gib, fewer --cache-tokens, or --num-blocks"
@@ -129,3 +144,34 @@ def activation_bytes(cfg: BlockConfig, tokens: int, element: int) -> int:
     three intermediate products, once per expert a token is routed to in a sparse MoE block), plus WORKSPACE_BYTES."""
     mlp = 4 * cfg.intermediate_size * max(cfg.experts_per_token, 1)
     return tokens * element * (8 * cfg.hidden_size + mlp) + WORKSPACE_BYTES
+
+
+def memory_plan(config: PeerConfig, cfg: BlockConfig) -> str:
+    """What `swarm peer join --dry-run` prints: one block's weights and KV cache, the budget, and how many blocks
+    fit and why, from the config alone (no weights are read)."""
+    quant, dtype = config.quant, config.dtype
+    weights = block_weight_bytes(cfg, dtype, quant)
+    full = block_weight_bytes(cfg, dtype)
+    cache_tokens = config.server.cache_tokens if config.server.cache_tokens is not None else DEFAULT_CACHE_TOKENS
+    cache = cache_tokens * kv_cache_bytes_per_token(cfg, dtype)
+    lines = [
+        f"model: {cfg.model_type}, {cfg.num_layers} blocks, hidden {cfg.hidden_size}; {config.device}, {dtype}",
+        f"one block: weights {weights / GIB:.3f} GiB as {quant} ({weights / full:.0%} of {full / GIB:.3f} GiB in "
+        f"{dtype}) + KV cache for {cache_tokens} tokens {cache / GIB:.3f} GiB = {(weights + cache) / GIB:.3f} GiB",
+    ]
+    if config.blocks is not None:
+        count = config.blocks[1] - config.blocks[0]
+        return "\n".join([*lines, f"--blocks {config.blocks[0]}:{config.blocks[1]}: {count} blocks, "
+                          f"{count * (weights + cache) / GIB:.2f} GiB"])  # fmt: skip
+    memory_gib = config.placement.memory_gib
+    budget = int(memory_gib * GIB) if memory_gib is not None else available_memory_bytes(config.device)
+    source = "--memory-gib" if memory_gib is not None else f"{DETECTED_MEMORY_SHARE:.0%} of the free memory"
+    lines.append(f"budget: {budget / GIB:.2f} GiB ({source})")
+    try:
+        count = blocks_for_peer(config, cfg)
+    except InvalidRequest as error:
+        return "\n".join([*lines, f"fits: 0 blocks: {error}"])
+    reason = "the whole model" if count == cfg.num_layers else "what the budget holds"
+    reason = "--num-blocks" if config.num_blocks is not None else reason
+    used = count * (weights + cache)
+    return "\n".join([*lines, f"fits: {count} blocks ({reason}), {used / GIB:.2f} GiB"])

@@ -42,6 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_peer_flags(join)
     join.add_argument("--ray-address", default=None, help="Ray cluster to run on (default: start a local one)")
     join.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print how many blocks fit and why (from --model's config.json alone), then exit; starts nothing",
+    )
+    join.add_argument(
         "--ray-resources",
         type=ray_resources,
         default=None,
@@ -77,6 +82,12 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     add_placement_flags(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument(
+        "--quant",
+        choices=("none", "int8", "nf4"),
+        default="none",
+        help="weights of the blocks' linear layers: LLM.int8 (int8) or 4-bit NormalFloat (nf4), via bitsandbytes",
+    )
     add_host_flags(parser, what="gRPC server and the DHT node")
     parser.add_argument("--port", type=port, default=0, help="gRPC port (default: any free port)")
     parser.add_argument("--dht-port", type=port, default=0, help="port of the peer's DHT node (default: any)")
@@ -190,10 +201,24 @@ def run_join(ns: argparse.Namespace) -> int:
     while starting stops at once, exit 143 or 130."""
     from peers.config import PeerConfig
 
+    if ns.dry_run:  # joins nothing, so it needs no credentials
+        return print_memory_plan(PeerConfig.from_args(argparse.Namespace(**{**vars(ns), "open": not ns.credentials})))
     config = PeerConfig.from_args(ns)
     check_before_start(ns)
     with StopSignals() as signals:
         return _join(config, ns.ray_address, signals)
+
+
+def print_memory_plan(config: PeerConfig) -> int:
+    """--dry-run: the memory plan, computed from the model's config.json alone (weights need not be there)."""
+    from peers.memory import memory_plan
+    from swarm.partition.config import read_block_config
+
+    _, cfg = read_block_config(config.model_path)
+    if config.blocks is not None:
+        check_span(config.blocks, cfg.num_layers)
+    print(memory_plan(config, cfg))
+    return 0
 
 
 def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals) -> int:

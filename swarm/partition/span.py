@@ -17,6 +17,8 @@ from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
 from swarm.partition.architecture import BlockConfig, architecture_of
 from swarm.partition.config import open_checkpoint
 from swarm.partition.layers import KVLayer, RotaryEmbedding, causal_attention
+from swarm.partition.quantize import Quant, check_quant, module_bytes, quantize_linears
+from swarm.progress import progress_bar
 
 
 class SpanCache:
@@ -83,7 +85,8 @@ class BlockSpan(nn.Module):
         return self.blocks[0].input_layernorm.weight.device
 
     def parameter_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.parameters())
+        """Bytes of the blocks' weights as held (quantised layers' scales included)."""
+        return sum(module_bytes(block) for block in self.blocks)
 
     def new_cache(self, batch_size: int, max_length: int, blocks: range | None = None) -> SpanCache:
         """A KV cache for all blocks of the span, or for the sub-range `blocks` (absolute indices)."""
@@ -167,34 +170,39 @@ def load_span(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     progress: bool = False,
+    quant: Quant = "none",
 ) -> BlockSpan:
-    """Build blocks [start, end) of the checkpoint at `path`, reading only their tensors (with a progress bar on
-    a terminal if `progress`).
+    """Build blocks [start, end) of the checkpoint at `path`, reading only their tensors, one block at a time: each
+    block is read, converted (to `dtype`, its linear layers to `quant`: swarm/partition/quantize.py) and moved to
+    `device` before the next is read, so the span is never staged whole in host memory. With `progress`, a bar of
+    the blocks loaded is drawn on a terminal.
 
     Raises:
         CheckpointError, UnsupportedArchitectureError: see open_checkpoint; also tensors missing for a block.
         InvalidSpan: the range is empty or outside the model.
+        InvalidRequest: an unknown `quant`.
     """
+    quant = check_quant(quant)
     checkpoint, hf_config, cfg = open_checkpoint(path)
     architecture = architecture_of(cfg.model_type)
     rotary = architecture.rotary(hf_config, cfg)  # built outside the meta context: its table is real
     with torch.device("meta"):
         span = BlockSpan(cfg, rotary, start, end)
-    state_names = {
-        name: f"blocks.{index - start}.{state}"
-        for index in range(start, end)
-        for name, state in architecture.block_tensors(cfg, index).items()
-    }
-    tensors = checkpoint.read(
-        state_names, dtype=dtype, progress=f"loading blocks [{start}, {end})" if progress else ""
-    )
-    state = {state_names[name]: tensor for name, tensor in tensors.items()}
-    try:
-        span.load_state_dict(state, strict=False, assign=True)
-    except RuntimeError as error:
-        raise CheckpointError(f"checkpoint {checkpoint.path} does not fit blocks [{start}, {end}): {error}") from error
+    description = f"loading blocks [{start}, {end})" + (f" as {quant}" if quant != "none" else "")
+    with progress_bar(end - start, description, unit="block", enabled=progress) as bar:
+        for index, block in zip(range(start, end), span.blocks, strict=True):
+            names = architecture.block_tensors(cfg, index)  # checkpoint name -> name within the block
+            tensors = checkpoint.read(names, dtype=dtype)
+            try:
+                block.load_state_dict({names[n]: t for n, t in tensors.items()}, strict=False, assign=True)
+            except RuntimeError as error:
+                raise CheckpointError(f"checkpoint {checkpoint.path} does not fit block {index}: {error}") from error
+            quantize_linears(block, quant, device, dtype)
+            block.to(device)
+            bar.update(1)
     _check_all_loaded(span, checkpoint.path, start, end)
-    return span.to(device).eval()
+    span.rotary.to(device)
+    return span.eval()
 
 
 def _check_all_loaded(span: BlockSpan, path: Path, start: int, end: int) -> None:

@@ -1,0 +1,121 @@
+"""Quantised weights: quality, size and speed of int8 and nf4 blocks against fp32, SmolLM2 on this machine's CPU.
+
+Run: `python -m benchmarks.quant --model .cache/models/smollm2-135m` (part of `make bench`). For each of fp32, int8
+(LLM.int8) and nf4 (bitsandbytes, swarm/partition/quantize.py):
+- perplexity over tests/data/eval_text.txt (teacher-forced, one sequence), all 30 blocks loaded locally;
+- bytes per block as loaded, and their ratio to fp32;
+- greedy generation through 2 in-process peers (blocks 0:15 and 15:30, served with those weights, codec NONE):
+  tokens/s, and whether the tokens equal the same weights' local greedy run.
+Prints one JSON object with `ppl_fp32`, `ppl_int8`, `ppl_nf4`, `bytes_ratio_int8`, `bytes_ratio_nf4` at the top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.two_peers import two_peers
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "eval_text.txt"
+PROMPT = "The history of the printing press begins"
+MODES = ("none", "int8", "nf4")
+
+
+def local_model(path: Path, quant: str):
+    """(client head, all blocks as one span with `quant` weights)."""
+    from swarm.partition import load_client_head, load_span
+    from swarm.partition.config import open_checkpoint
+
+    blocks = open_checkpoint(path)[2].num_layers
+    return load_client_head(path), load_span(path, 0, blocks, quant=quant)
+
+
+@torch.inference_mode()
+def perplexity(head, span, input_ids: torch.Tensor) -> float:
+    logits = head.logits(span(head.embed(input_ids)))[0, :-1]
+    return math.exp(-float(logits.log_softmax(-1).gather(-1, input_ids[0, 1:, None]).mean()))
+
+
+@torch.inference_mode()
+def local_greedy(head, span, input_ids: torch.Tensor, new_tokens: int) -> list[int]:
+    cache = span.new_cache(1, input_ids.shape[1] + new_tokens)
+    hidden, tokens, position = head.embed(input_ids), [], 0
+    for _ in range(new_tokens):
+        out = span(hidden, position, cache)
+        position += hidden.shape[1]
+        tokens.append(int(head.logits(out[:, -1:]).argmax(-1)))
+        hidden = head.embed(torch.tensor([[tokens[-1]]]))
+    return tokens
+
+
+def swarm_greedy(path: Path, quant: str, input_ids: torch.Tensor, new_tokens: int) -> dict:
+    from swarm import DistributedModelForCausalLM
+    from swarm.codec import CodecId
+    from swarm.security import SwarmCredentials
+
+    with two_peers(path, quant=quant) as (registry, _):
+        model = DistributedModelForCausalLM.from_pretrained(
+            path, registry.addresses, credentials=SwarmCredentials.open(), codec=CodecId.NONE
+        )
+        try:
+            model.generate(input_ids, max_new_tokens=2, do_sample=False)  # warm-up: routes and connections
+            started = time.perf_counter()
+            output = model.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+            seconds = time.perf_counter() - started
+        finally:
+            model.close()
+    return {"tokens": output[0, input_ids.shape[1] :].tolist(), "tokens_per_s": new_tokens / seconds}
+
+
+def measure(path: Path, quant: str, text_ids: torch.Tensor, prompt_ids: torch.Tensor, new_tokens: int) -> dict:
+    head, span = local_model(path, quant)
+    result = {
+        "ppl": round(perplexity(head, span, text_ids), 4),
+        "bytes_per_block": span.parameter_bytes() // (span.end - span.start),
+    }
+    expected = local_greedy(head, span, prompt_ids, new_tokens)
+    del span
+    swarm = swarm_greedy(path, quant, prompt_ids, new_tokens)
+    result["swarm_tokens_per_s"] = round(swarm["tokens_per_s"], 2)
+    result["swarm_tokens_equal_local"] = swarm["tokens"] == expected
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
+    parser.add_argument("--new-tokens", type=int, default=24)
+    ns = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ns.model))
+    text_ids = tokenizer(DATA.read_text(), return_tensors="pt").input_ids
+    prompt_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    runs = {quant: measure(ns.model, quant, text_ids, prompt_ids, ns.new_tokens) for quant in MODES}
+    fp32 = runs["none"]
+    result = {
+        "benchmark": "quant",
+        "ppl_fp32": fp32["ppl"],
+        "ppl_int8": runs["int8"]["ppl"],
+        "ppl_nf4": runs["nf4"]["ppl"],
+        "ppl_ratio_int8": round(runs["int8"]["ppl"] / fp32["ppl"], 4),
+        "ppl_ratio_nf4": round(runs["nf4"]["ppl"] / fp32["ppl"], 4),
+        "bytes_ratio_int8": round(runs["int8"]["bytes_per_block"] / fp32["bytes_per_block"], 4),
+        "bytes_ratio_nf4": round(runs["nf4"]["bytes_per_block"] / fp32["bytes_per_block"], 4),
+        "eval_tokens": text_ids.shape[1],
+        "runs": {"fp32" if quant == "none" else quant: run for quant, run in runs.items()},
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
