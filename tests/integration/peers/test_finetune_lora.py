@@ -187,7 +187,10 @@ def test_deep_prompt_tuning_equals_plain_torch(bare, smollm2_path) -> None:
     assert abs(losses[-1] - losses[-2]) <= 1e-4 * abs(losses[-2])
 
 
-def test_swarm_finetune_command_saves_a_peft_adapter(smollm2_path, bootstrap: Registry, tmp_path, capsys) -> None:
+@pytest.mark.parametrize(("method", "peft_type"), [("lora", "LORA"), ("deep_ptune", "SWARM_DEEP_PROMPT_TUNING")])
+def test_swarm_finetune_command_saves_an_adapter(
+    smollm2_path, bootstrap: Registry, tmp_path, capsys, method, peft_type
+) -> None:
     import json
 
     import yaml
@@ -198,8 +201,9 @@ def test_swarm_finetune_command_saves_a_peft_adapter(smollm2_path, bootstrap: Re
         "model": str(smollm2_path),
         "initial_peers": list(bootstrap.addresses),
         "dataset": str(Path(__file__).resolve().parents[2] / "data" / "finetune_tags.jsonl"),
-        "method": "lora",
+        "method": method,
         "lora": {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]},
+        "ptune": {"num_tokens": 4},
         "steps": 2,
         "batch_size": 2,
         "codec": "none",
@@ -210,7 +214,7 @@ def test_swarm_finetune_command_saves_a_peft_adapter(smollm2_path, bootstrap: Re
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["final_loss"] > 0 and 0 <= summary["exact_match"] <= 1
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert config["peft_type"] == peft_type and config.get("r", 4) == 4 and config.get("num_virtual_tokens", 4) == 4
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
 
 
