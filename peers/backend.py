@@ -25,6 +25,7 @@ class ForwardJob:
     position: int
     blocks: range
     adapter: LoraWeights | None = None  # run with this LoRA adapter's deltas (peers/lora.py); jobs batch by adapter
+    prompts: torch.Tensor | None = None  # [blocks, pre_seq_len, hidden]: deep prompts (BlockSpan.run); batch by length
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,14 @@ class BackwardJob:
     position: int
     blocks: range
     adapter: LoraWeights | None = None  # its gradients are answered too
+    prompts: torch.Tensor | None = None  # [blocks, pre_seq_len, hidden]: deep prompts; their gradient is answered too
+
+
+@dataclass(frozen=True, slots=True)
+class BackwardResult:
+    grad_inputs: torch.Tensor  # [batch, seq, hidden]
+    adapter_grads: dict[str, torch.Tensor]  # d loss / d each adapter tensor of the job's blocks, by name
+    grad_prompts: torch.Tensor | None  # [blocks, pre_seq_len, hidden], summed over the batch; None without prompts
 
 
 class SpanBackend:
@@ -65,6 +74,19 @@ class SpanBackend:
         if not bool(torch.isfinite(hidden).all()):
             raise InvalidRequest(f"{field} holds NaN or Inf values")
 
+    def check_prompts(self, prompts: torch.Tensor, blocks: range, seq: int) -> None:
+        """Refuse deep prompts that do not fit the request: [len(blocks), 1..seq, hidden], finite floats.
+
+        Raises:
+            InvalidRequest: naming the field `prompts` and the problem.
+        """
+        want = f"[{len(blocks)}, pre_seq_len <= {seq}, {self.hidden_size}]"
+        shape = list(prompts.shape)
+        if prompts.dim() != 3 or shape[0] != len(blocks) or not 0 < shape[1] <= seq or shape[2] != self.hidden_size:
+            raise InvalidRequest(f"prompts must be {want} for blocks [{blocks.start}, {blocks.stop}), got {shape}")
+        if not prompts.is_floating_point() or not bool(torch.isfinite(prompts).all()):
+            raise InvalidRequest(f"prompts must be finite floating point values, got {prompts.dtype}")
+
     def check_position(self, position: int, tokens: int) -> None:
         """Refuse positions no model reaches (a forward's rotary offset); raises InvalidRequest naming the limit."""
         if position + tokens > MAX_POSITION:
@@ -91,13 +113,16 @@ class SpanBackend:
         first = jobs[0]
         hidden = torch.cat([job.hidden for job in jobs]) if len(jobs) > 1 else first.hidden
         adapter = first.adapter
+        prompts = None
+        if first.prompts is not None:  # each job's prompts repeated over its rows: [blocks, batch, pre, hidden]
+            prompts = torch.cat([j.prompts.unsqueeze(1).expand(-1, len(j.hidden), -1, -1) for j in jobs], dim=1)
         with applied(self.span, adapter, first.blocks, adapter.tensors if adapter else {}):
-            out = self.span(hidden, position=first.position, blocks=first.blocks)
+            out = self.span(hidden, position=first.position, blocks=first.blocks, prompts=prompts)
         return list(out.split([job.hidden.shape[0] for job in jobs]))
 
-    def backward(self, job: BackwardJob) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """d loss / d hidden, and d loss / d each adapter tensor of job.blocks (by name), recomputing the forward
-        from the inputs (so any replica can answer)."""
+    def backward(self, job: BackwardJob) -> BackwardResult:
+        """d loss / d hidden, d loss / d each adapter tensor of job.blocks (by name) and d loss / d the deep
+        prompts, recomputing the forward from the inputs (so any replica can answer)."""
         if job.grad_outputs.shape != job.hidden.shape:
             raise InvalidRequest(
                 f"grad_outputs shape {list(job.grad_outputs.shape)} differs from hidden_states "
@@ -106,9 +131,13 @@ class SpanBackend:
         adapter = job.adapter
         names = [n for _, _, p in adapter.pairs(job.blocks) for n in (f"{p}.lora_A", f"{p}.lora_B")] if adapter else []
         leaves = {name: adapter.tensors[name].detach().requires_grad_(True) for name in names} if adapter else {}
+        prompts = job.prompts.detach().to(self.span.dtype).requires_grad_(True) if job.prompts is not None else None
         with torch.enable_grad():
             inputs = job.hidden.detach().to(self.span.dtype).requires_grad_(True)
             with applied(self.span, adapter, job.blocks, leaves):
-                outputs = self.span(inputs, position=job.position, blocks=job.blocks)
-            grads = torch.autograd.grad(outputs, [inputs, *leaves.values()], job.grad_outputs.to(outputs.dtype))
-        return grads[0], dict(zip(names, grads[1:], strict=True))
+                spread = prompts.unsqueeze(1) if prompts is not None else None  # [blocks, 1, pre, hidden]
+                outputs = self.span(inputs, position=job.position, blocks=job.blocks, prompts=spread)
+            wrt = [inputs, *leaves.values(), *([prompts] if prompts is not None else [])]
+            grads = torch.autograd.grad(outputs, wrt, job.grad_outputs.to(outputs.dtype))
+        adapter_grads = dict(zip(names, grads[1 : 1 + len(names)], strict=True))
+        return BackwardResult(grads[0], adapter_grads, grads[-1] if prompts is not None else None)

@@ -73,7 +73,8 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
 
     @answers_errors
     def Forward(self, request: pb.ForwardRequest, context: grpc.ServicerContext) -> pb.ForwardResponse:
-        future, choice = self._submit_forward(request, request.hidden_states)
+        prompts = request.prompts if request.HasField("prompts") else None
+        future, choice = self._submit_forward(request, request.hidden_states, prompts)
         output = self._encode_one(future.result(), choice)
         return pb.ForwardResponse(hidden_states=output, request_id=request.request_id)
 
@@ -83,8 +84,9 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     ) -> AsyncIterator[pb.ForwardResponse]:
         parts = await _read_stream(requests, StreamBudget(self.config.stream_bytes, "ForwardStream"))
         first, tensor = _collect(parts, "hidden_states")
+        prompts = _collect_optional(parts, "prompts")
         # Decoding and encoding up to stream_bytes of tensors run on a thread: the loop keeps serving sessions.
-        future, choice = await asyncio.to_thread(self._submit_forward, first, tensor)
+        future, choice = await asyncio.to_thread(self._submit_forward, first, tensor, prompts)
         output = await asyncio.to_thread(self._encode, await asyncio.wrap_future(future), choice)
         for chunk in split(output, self.config.max_message_bytes):
             yield pb.ForwardResponse(hidden_states=chunk, request_id=first.request_id)
@@ -93,9 +95,14 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     def Backward(self, request: pb.BackwardRequest, context: grpc.ServicerContext) -> pb.BackwardResponse:
         if request.HasField("adapter"):
             raise InvalidRequest("a backward with an adapter answers its gradients on BackwardStream only")
-        future, choice = self._submit_backward(request, request.hidden_states, request.grad_outputs)
-        grads = self._encode_one(future.result()[0], choice)
-        return pb.BackwardResponse(grad_inputs=grads, request_id=request.request_id)
+        prompts = request.prompts if request.HasField("prompts") else None
+        future, choice = self._submit_backward(request, request.hidden_states, request.grad_outputs, prompts)
+        result = future.result()
+        response = pb.BackwardResponse(grad_inputs=self._encode_one(result.grad_inputs, choice))
+        if result.grad_prompts is not None:
+            response.grad_prompts.CopyFrom(encode(result.grad_prompts.float(), CodecId.NONE))
+        response.request_id = request.request_id
+        return response
 
     @answers_errors
     async def BackwardStream(
@@ -105,15 +112,21 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         parts = await _read_stream(requests, budget)
         first, hidden = _collect(parts, "hidden_states")
         _, grad_outputs = _collect(parts, "grad_outputs")
-        future, choice = await asyncio.to_thread(self._submit_backward, first, hidden, grad_outputs)
-        grad_inputs, grad_adapter = await asyncio.wrap_future(future)
-        grads = await asyncio.to_thread(self._encode, grad_inputs, choice)
+        prompts = _collect_optional(parts, "prompts")
+        future, choice = await asyncio.to_thread(self._submit_backward, first, hidden, grad_outputs, prompts)
+        result = await asyncio.wrap_future(future)
+        grads = await asyncio.to_thread(self._encode, result.grad_inputs, choice)
         for chunk in split(grads, self.config.max_message_bytes):
             yield pb.BackwardResponse(grad_inputs=chunk, request_id=first.request_id)
-        for message in adapter_grads(grad_adapter):
+        for message in adapter_grads(result.adapter_grads):
             yield message
+        if result.grad_prompts is not None:  # exact, like the adapter's: it feeds the client's optimizer
+            for chunk in split(encode(result.grad_prompts.float(), CodecId.NONE), self.config.max_message_bytes):
+                yield pb.BackwardResponse(grad_prompts=chunk, request_id=first.request_id)
 
-    def _submit_forward(self, request: pb.ForwardRequest, tensor: pb.Tensor) -> tuple[Future, pb.CodecChoice]:
+    def _submit_forward(
+        self, request: pb.ForwardRequest, tensor: pb.Tensor, prompts_msg: pb.Tensor | None = None
+    ) -> tuple[Future, pb.CodecChoice]:
         """Check and decode a forward, queue it to the engine; its future gives the span's output."""
         check_version(request.protocol_version)
         blocks = self.backend.blocks(request.start_block, request.end_block)
@@ -121,22 +134,26 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         self.backend.check_position(request.position, hidden.shape[1])
         choice = self._response_codec(request.response_codec, tensor)
         adapter = self._adapter_for(request, blocks)
-        job = ForwardJob(hidden, int(request.position), blocks, adapter)
-        key = (blocks.start, blocks.stop, job.position, hidden.shape[1], hidden.dtype, adapter and adapter.key)
+        prompts = self._decode_prompts(prompts_msg, blocks, hidden.shape[1])
+        job = ForwardJob(hidden, int(request.position), blocks, adapter, prompts)
+        pre = prompts.shape[1] if prompts is not None else 0
+        key = (blocks.start, blocks.stop, job.position, hidden.shape[1], hidden.dtype, adapter and adapter.key, pre)
         tokens = hidden.shape[0] * hidden.shape[1]
         return self.engine.submit(TaskKind.FORWARD, job, tokens=tokens, batch_key=key), choice
 
     def _submit_backward(
-        self, request: pb.BackwardRequest, hidden_msg: pb.Tensor, grad_msg: pb.Tensor
+        self, request: pb.BackwardRequest, hidden_msg: pb.Tensor, grad_msg: pb.Tensor, prompts_msg: pb.Tensor | None
     ) -> tuple[Future, pb.CodecChoice]:
-        """Check and decode a backward, queue it to the engine; its future gives the gradients of the inputs."""
+        """Check and decode a backward, queue it to the engine; its future gives a BackwardResult."""
         check_version(request.protocol_version)
         blocks = self.backend.blocks(request.start_block, request.end_block)
         hidden = self._decode_checked(hidden_msg, "hidden_states")
         grads = self._decode_checked(grad_msg, "grad_outputs")
         self.backend.check_position(request.position, hidden.shape[1])
         choice = self._response_codec(request.response_codec, grad_msg)
-        payload = BackwardJob(hidden, grads, int(request.position), blocks, self._adapter_for(request, blocks))
+        prompts = self._decode_prompts(prompts_msg, blocks, hidden.shape[1])
+        adapter = self._adapter_for(request, blocks)
+        payload = BackwardJob(hidden, grads, int(request.position), blocks, adapter, prompts)
         return self.engine.submit(TaskKind.BACKWARD, payload, tokens=hidden.shape[0] * hidden.shape[1]), choice
 
     # ---- inference sessions ----
@@ -251,6 +268,13 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
 
     # ---- helpers ----
 
+    def _decode_prompts(self, msg: pb.Tensor | None, blocks: range, seq: int) -> torch.Tensor | None:
+        if msg is None:
+            return None
+        prompts = decode(msg, device=self.backend.span.device)
+        self.backend.check_prompts(prompts, blocks, seq)
+        return prompts
+
     def _decode_checked(self, msg: pb.Tensor, field: str, counted: bool = True) -> torch.Tensor:
         if not msg.ByteSize():
             raise InvalidRequest(f"{field} is missing")
@@ -314,7 +338,7 @@ async def _read_stream(requests: AsyncIterator[Any], budget: StreamBudget) -> li
     return parts
 
 
-TENSOR_FIELDS = ("hidden_states", "grad_outputs")  # what the chunks of a Forward/BackwardStream split between them
+TENSOR_FIELDS = ("hidden_states", "grad_outputs", "prompts")  # what a Forward/BackwardStream's chunks split between
 
 
 def _collect(parts: list[Any], field: str) -> tuple[Any, pb.Tensor]:
@@ -329,6 +353,12 @@ def _collect(parts: list[Any], field: str) -> tuple[Any, pb.Tensor]:
     if not chunks:
         raise InvalidRequest(f"{field} is missing")
     return parts[0], join(chunks)
+
+
+def _collect_optional(parts: list[Any], field: str) -> pb.Tensor | None:
+    """The tensor `field` joined from the chunks that carry it; None when none does."""
+    chunks = [getattr(p, field) for p in parts if p.HasField(field)]
+    return join(chunks) if chunks else None
 
 
 def _check_chunks_agree(parts: list[Any]) -> None:

@@ -100,7 +100,7 @@ class CodecChoice(_message.Message):
     def __init__(self, codec: _Optional[_Union[Codec, str]] = ..., block_size: _Optional[int] = ..., compress_min_bytes: _Optional[int] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "position", "response_codec", "request_id", "adapter")
+    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "position", "response_codec", "request_id", "adapter", "prompts")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
     END_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class ForwardRequest(_message.Message):
     RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     start_block: int
     end_block: int
@@ -117,7 +118,8 @@ class ForwardRequest(_message.Message):
     response_codec: CodecChoice
     request_id: str
     adapter: AdapterRef
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ...) -> None: ...
+    prompts: Tensor
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., prompts: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class ForwardResponse(_message.Message):
     __slots__ = ("hidden_states", "request_id")
@@ -128,7 +130,7 @@ class ForwardResponse(_message.Message):
     def __init__(self, hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class BackwardRequest(_message.Message):
-    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "grad_outputs", "position", "response_codec", "request_id", "adapter")
+    __slots__ = ("protocol_version", "start_block", "end_block", "hidden_states", "grad_outputs", "position", "response_codec", "request_id", "adapter", "prompts")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
     END_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +140,7 @@ class BackwardRequest(_message.Message):
     RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     start_block: int
     end_block: int
@@ -147,17 +150,20 @@ class BackwardRequest(_message.Message):
     response_codec: CodecChoice
     request_id: str
     adapter: AdapterRef
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., grad_outputs: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ...) -> None: ...
+    prompts: Tensor
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., grad_outputs: _Optional[_Union[Tensor, _Mapping]] = ..., position: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., prompts: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class BackwardResponse(_message.Message):
-    __slots__ = ("grad_inputs", "request_id", "adapter_grad")
+    __slots__ = ("grad_inputs", "request_id", "adapter_grad", "grad_prompts")
     GRAD_INPUTS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_GRAD_FIELD_NUMBER: _ClassVar[int]
+    GRAD_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     grad_inputs: Tensor
     request_id: str
     adapter_grad: NamedTensor
-    def __init__(self, grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., request_id: _Optional[str] = ..., adapter_grad: _Optional[_Union[NamedTensor, _Mapping]] = ...) -> None: ...
+    grad_prompts: Tensor
+    def __init__(self, grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., request_id: _Optional[str] = ..., adapter_grad: _Optional[_Union[NamedTensor, _Mapping]] = ..., grad_prompts: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class AdapterRef(_message.Message):
     __slots__ = ("adapter_id", "version")

@@ -1,8 +1,8 @@
 """What the client checks of every tensor a peer returns, and how far two honest replicas' outputs may differ.
 
-swarm/client/session.py and sequential.py pass each answer through `checked_output`; verify.py compares
-replicas with `disagreement` against `tolerance`. A failed check is InvalidOutput: the peer is banned and its
-span rerouted, exactly as if it had failed.
+swarm/client/session.py and sequential.py pass each answer through `checked_output` (and a backward's trainable
+gradients through `checked_gradient`); verify.py compares replicas with `disagreement` against `tolerance`. A
+failed check is InvalidOutput: the peer is banned and its span rerouted, exactly as if it had failed.
 """
 
 from __future__ import annotations
@@ -33,6 +33,28 @@ def checked_output(msg: pb.Tensor, like: torch.Tensor, address: str) -> torch.Te
     if not bool(torch.isfinite(output).all()):
         raise InvalidOutput("finite", f"{address} answered with NaN or Inf values")
     return output
+
+
+def checked_gradient(msg: pb.Tensor, sent: torch.Tensor | None, what: str, address: str) -> torch.Tensor:
+    """Decode a peer's d loss / d `what`, a trainable tensor the client sent it (`sent`; None: it sent none): the
+    gradient must have the tensor's shape and only finite values, or it would corrupt the optimizer's step.
+
+    Raises:
+        InvalidOutput: naming the check that failed, the tensor and the peer's address.
+    """
+    if sent is None:
+        raise InvalidOutput("shape", f"{address} answered a gradient of {what}, which it was not sent")
+    try:
+        grad = decode(msg)
+    except InvalidRequest as error:
+        raise InvalidOutput("decode", f"{address} answered an undecodable gradient of {what}: {error}") from error
+    if grad.shape != sent.shape:
+        raise InvalidOutput(
+            "shape", f"{address} answered a gradient of {what} of shape {list(grad.shape)}, not {list(sent.shape)}"
+        )
+    if grad.dtype not in FLOATING_DTYPES or not bool(torch.isfinite(grad).all()):
+        raise InvalidOutput("finite", f"{address} answered a gradient of {what} with NaN, Inf or no floats")
+    return grad
 
 
 def disagreement(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -5,9 +5,9 @@ Example JOB.yaml:
     initial_peers: [/ip4/127.0.0.1/tcp/31337/p2p/Qm...]
     credentials: open                       # or a member's directory (private swarm)
     dataset: tests/data/finetune_tags.jsonl       # JSONL {"prompt", "completion"} or {"text"}, or a .txt file
-    method: lora                            # or ptune
+    method: lora                            # or ptune, or deep_ptune (the same as ptune with `deep: true`)
     lora: {rank: 8, alpha: 16, targets: [q_proj, v_proj]}
-    ptune: {num_tokens: 16}
+    ptune: {num_tokens: 16, deep: false}    # deep: per-block prompts too, added by the peers (Petals' deep_ptune)
     steps: 100
     batch_size: 8
     lr: 0.001
@@ -25,7 +25,7 @@ from swarm.client.lora import LoraConfig
 from swarm.codec import DEFAULT_CODEC, CodecId
 from swarm.errors import InvalidArgument
 
-METHODS = ("lora", "ptune")
+METHODS = ("lora", "ptune", "deep_ptune")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class FinetuneConfig:
     output_dir: Path  # where the adapter is saved (peft format)
     initial_peers: tuple[str, ...] = ()  # DHT multiaddresses; empty: train locally with transformers + peft
     credentials: str = "open"  # "open" or a member's credentials directory
-    method: str = "lora"  # lora | ptune
+    method: str = "lora"  # lora | ptune | deep_ptune
     lora: LoraConfig = field(default_factory=LoraConfig)
     prompt_tokens: int = 16  # ptune: trainable prompt embeddings
     steps: int = 100  # optimizer steps (the dataset is cycled through)
@@ -80,6 +80,10 @@ def load_finetune_config(path: str | Path, **overrides: object) -> FinetuneConfi
     ptune = raw.pop("ptune", None) or {}
     if "num_tokens" in ptune:
         raw["prompt_tokens"] = int(ptune["num_tokens"])
+    if ptune.get("deep"):
+        if raw.get("method", "lora") not in ("ptune", "deep_ptune"):
+            raise InvalidArgument("ptune.deep", f"applies to method ptune, not {raw.get('method', 'lora')!r}")
+        raw["method"] = "deep_ptune"
     peers = raw.get("initial_peers") or ()
     raw["initial_peers"] = (peers,) if isinstance(peers, str) else tuple(peers)
     if "codec" in raw:

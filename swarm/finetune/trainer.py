@@ -1,7 +1,7 @@
-"""FineTuner: one AdamW step per batch on the client's trainable parameters (a LoRA adapter run by the peers, or
-prompt embeddings prepended on the client), through a DistributedModelForCausalLM whose own weights stay frozen;
-and `exact_match`, the greedy answers' score on prompt/completion examples. Used by `swarm finetune` and
-benchmarks/finetune.py.
+"""FineTuner: one AdamW step per batch on the client's trainable parameters (a LoRA adapter run by the peers,
+prompt embeddings prepended on the client, or those plus per-block prompts the peers add: deep prompt tuning),
+through a DistributedModelForCausalLM whose own weights stay frozen; and `exact_match`, the greedy answers' score
+on prompt/completion examples. Used by `swarm finetune` and benchmarks/finetune.py.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from swarm.client.deep_prompts import DeepPromptTuning
 from swarm.client.lora import LoraAdapter, LoraConfig
 from swarm.client.prompts import PromptTuning
 from swarm.finetune.data import Batch, Example, collate, encode
 
 
 class FineTuner:
-    """Trains `method` ("lora" or "ptune") on `model` (a DistributedModelForCausalLM, or any transformers causal LM
-    for prompt tuning); `init_dir` starts from a saved peft adapter instead of a fresh one."""
+    """Trains `method` ("lora", "ptune" or "deep_ptune") on `model` (a DistributedModelForCausalLM, or any
+    transformers causal LM for shallow prompt tuning); `init_dir` starts from a saved adapter, not a fresh one."""
 
     def __init__(
         self,
@@ -40,9 +41,12 @@ class FineTuner:
             model.blocks.adapter = adapter
             self.trainable: nn.Module = adapter
         else:
+            kind = DeepPromptTuning if method == "deep_ptune" else PromptTuning
             vocab = model.get_input_embeddings().num_embeddings
-            prompts = PromptTuning.from_pretrained(init_dir) if init_dir else None
-            self.trainable = prompts or PromptTuning.from_vocabulary(model, torch.randint(0, vocab, (prompt_tokens,)))
+            prompts = kind.from_pretrained(init_dir) if init_dir else None
+            self.trainable = prompts or kind.from_vocabulary(model, torch.randint(0, vocab, (prompt_tokens,)))
+            if method == "deep_ptune":
+                self.trainable.attach(model)
         self.optimizer = torch.optim.AdamW(self.trainable.parameters(), lr=lr, weight_decay=weight_decay)
 
     def logits_and_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,6 +72,8 @@ class FineTuner:
     def close(self) -> None:
         if self.method == "lora":
             self.model.blocks.adapter = None
+        elif self.method == "deep_ptune":
+            DeepPromptTuning.detach_from(self.model)
 
     @torch.no_grad()
     def exact_match(self, tokenizer, examples: list[Example], batch_size: int = 16, max_length: int = 128) -> float:

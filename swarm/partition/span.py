@@ -109,9 +109,10 @@ class BlockSpan(nn.Module):
         position: int = 0,
         cache: SpanCache | None = None,
         blocks: range | None = None,
+        prompts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the span (or its sub-range `blocks`) on hidden [batch, seq, hidden] whose first token sits at
-        absolute `position`.
+        absolute `position`; `prompts` [blocks, batch or 1, pre_seq_len, hidden] are deep prompts (see `run`).
 
         With a cache, the new tokens attend to the cached positions [0, position) and are stored there;
         without one, they attend only to each other (causally), as in training.
@@ -124,7 +125,7 @@ class BlockSpan(nn.Module):
         hidden = hidden.to(device=self.device, dtype=self.dtype)
         cos, sin = self.rotary(position, hidden.shape[1], hidden.dtype)
         layers = (lambda offset: cache.layer(offset, position)) if cache is not None else None
-        hidden = self.run(hidden, cos, sin, layers, blocks)
+        hidden = self.run(hidden, cos, sin, layers, blocks, prompts)
         if cache is not None:
             cache.length = position + hidden.shape[1]
         return hidden
@@ -136,11 +137,19 @@ class BlockSpan(nn.Module):
         sin: torch.Tensor,
         kv: Callable[[int], KVLayer] | None,
         blocks: range | None = None,
+        prompts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The blocks on hidden [batch, seq, hidden] already on the span's device and dtype, with rotary tables
-        cos, sin [seq, head_dim] and `kv(offset)`, the KV layer of the offset-th block run (None: no cache)."""
+        cos, sin [seq, head_dim] and `kv(offset)`, the KV layer of the offset-th block run (None: no cache).
+
+        Deep prompt tuning (Petals' deep_ptune): `prompts` [blocks, batch or 1, pre_seq_len, hidden] holds, for
+        the offset-th block run, what is added to the first pre_seq_len positions of the hidden states entering
+        it (out of place, so that autograd sees it)."""
         blocks = self.sub_range(blocks)
         for offset, index in enumerate(blocks):
+            if prompts is not None:
+                pre = prompts.shape[2]
+                hidden = torch.cat([hidden[:, :pre] + prompts[offset].to(hidden.dtype), hidden[:, pre:]], dim=1)
             hidden = self.blocks[index - self.start](hidden, cos, sin, kv(offset) if kv is not None else None)
         return hidden
 

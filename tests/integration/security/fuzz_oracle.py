@@ -108,7 +108,7 @@ class Oracle:
             if grads is None:
                 output = self.backend.forward([ForwardJob(hidden, position, blocks)])[0]
             else:
-                output = self.backend.backward(BackwardJob(hidden, grads, position, blocks))[0]
+                output = self.backend.backward(BackwardJob(hidden, grads, position, blocks)).grad_inputs
             if not bool(torch.isfinite(output).all()):
                 return Expect(False, why="the blocks overflow: the answer cannot be encoded in 8 bits")
         return Expect(True, shape=list(hidden.shape))

@@ -43,7 +43,8 @@ def test_forward_and_backward_equal_merged_weights(tiny_span) -> None:
     assert torch.allclose(got, expected, atol=1e-5)
     assert not torch.allclose(got, backend.forward([ForwardJob(hidden, 0, range(0, 4))])[0], atol=1e-3)
 
-    grad_inputs, grads = backend.backward(BackwardJob(hidden, grad_out, 0, range(0, 4), weights))
+    result = backend.backward(BackwardJob(hidden, grad_out, 0, range(0, 4), weights))
+    grad_inputs, grads = result.grad_inputs, result.adapter_grads
     leaves = {name: t.clone().requires_grad_(True) for name, t in weights.tensors.items()}
     inputs = hidden.clone().requires_grad_(True)
     out = torch.func.functional_call(tiny_span, merged(tiny_span, weights, leaves), (inputs,))
