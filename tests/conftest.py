@@ -1,13 +1,28 @@
-"""Fixtures shared by every test: the converted SmolLM2 checkpoint (built once, cached under .cache/); and a guard
-that the test process exits once the session is over."""
+"""Fixtures shared by every test: the converted SmolLM2 checkpoint (built once, cached under .cache/); a guard
+that the test process exits once the session is over; and a mend for pytest's log capture (below)."""
 
 from __future__ import annotations
 
 import faulthandler
+import logging
 import sys
 from pathlib import Path
 
 import pytest
+
+
+class _LoggerSnapshots(dict):
+    """The logging manager's table of loggers, whose values() is a copy. pytest 9.2's log capture iterates
+    loggerDict.values() at the start of every test phase while the peers' and the DHT's threads, still running from
+    module fixtures, create loggers: "dictionary changed size during iteration" failed about one fine-tuning run in
+    four. Adding a logger takes logging's lock; a copy made under it is consistent."""
+
+    def values(self):  # type: ignore[override]
+        with logging._lock:  # the lock logging.Manager.getLogger holds while it adds one
+            return list(super().values())
+
+
+logging.Logger.manager.loggerDict = _LoggerSnapshots(logging.Logger.manager.loggerDict)
 
 EXIT_GRACE_S = 120  # after the last test, the process must be gone within this
 
