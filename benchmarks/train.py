@@ -5,8 +5,10 @@ Run: `python -m benchmarks.train` (part of `make bench`). Prints one JSON object
 8-bit activations and gradients; each trainer keeps as many micro-batches in flight as the pipeline needs
 (`--inflight` fixes it) and replicas keep serving during averaging rounds (with `--overlap`). Under churn,
 one replica of each stage is SIGKILLed every `--churn-period` seconds (Ray restarts it; it downloads the stage's
-state before serving). Each phase has a deadline: a phase that does not finish in time is reported with
-`"completed": false` rather than hanging the benchmark. Each swarm phase carries a `profile` (see profile()).
+state before serving). `--phases local,swarm,compressed` runs the swarm phase again with 8-bit gradient
+averaging (`compressed_loss_gap`: its final loss against the fp32-averaged swarm's). Each phase has a deadline: a
+phase that does not finish in time is reported with `"completed": false` rather than hanging the benchmark. Each
+swarm phase carries a `profile` (see profile()).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from swarm.training.churn import ReplicaChurn
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "eval_text.txt"
 
 
-def make_config(model: Path, args: argparse.Namespace, run_id: str, replicas: int):
+def make_config(model: Path, args: argparse.Namespace, run_id: str, replicas: int, compression: str | None = None):
     from swarm.training.config import config_from_dict
 
     return config_from_dict({
@@ -32,7 +34,7 @@ def make_config(model: Path, args: argparse.Namespace, run_id: str, replicas: in
         "inflight": args.inflight, "data": {"path": str(DATA), "tokenizer": "bytes", "seq_len": args.seq_len},
         "micro_batch": 8, "target_batch": args.target_batch, "steps": args.steps, "optimizer": {"lr": 0.003},
         "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0, "overlap": args.overlap,
-                      "compression": args.averaging_compression},
+                      "compression": compression or args.averaging_compression},
         "credentials": "open",
     })  # fmt: skip
 
@@ -151,7 +153,11 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=0, help="micro-batches per trainer (0: from the pipeline)")
     parser.add_argument("--overlap", action="store_true", help="replicas keep serving during averaging rounds")
     parser.add_argument("--averaging-compression", default="none", help="none, float16 or 8bit")
-    parser.add_argument("--phases", default="local,swarm,churn", help="which phases to run (comma-separated)")
+    parser.add_argument(
+        "--phases",
+        default="local,swarm,churn",
+        help="which phases to run (comma-separated; 'compressed': the swarm phase with 8-bit averaging)",
+    )
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds per swarm phase")
     args = parser.parse_args()
 
@@ -164,9 +170,12 @@ def main() -> None:
         connect_ray(None)
         phases, skipped = args.phases.split(","), {"samples_per_s": math.nan, "final_loss": math.nan}
         local = run_local(make_config(model, args, "bench-local", 1)) if "local" in phases else skipped
-        swarm, churn = skipped, skipped
+        swarm, churn, compressed = skipped, skipped, skipped
         if "swarm" in phases:
             swarm = run_swarm(make_config(model, args, "bench-swarm", args.replicas), args.deadline)
+        if "compressed" in phases:  # the swarm phase again with 8-bit averaging: convergence against it
+            config = make_config(model, args, "bench-compressed", args.replicas, "8bit")
+            compressed = run_swarm(config, args.deadline)
         if "churn" in phases:
             config = make_config(model, args, "bench-churn", args.replicas)
             churn = run_swarm(config, args.deadline, args.churn_period)
@@ -176,7 +185,9 @@ def main() -> None:
         "swarm_samples_per_s": swarm["samples_per_s"], "churn_samples_per_s": churn["samples_per_s"],
         "churn_ratio": churn["samples_per_s"] / swarm["samples_per_s"] if swarm["samples_per_s"] else math.nan,
         "final_loss_local": local["final_loss"], "final_loss_swarm": swarm["final_loss"],
-        "final_loss_churn": churn["final_loss"], "swarm": swarm, "churn": churn,
+        "final_loss_churn": churn["final_loss"], "final_loss_compressed_8bit": compressed["final_loss"],
+        "compressed_loss_gap": compressed["final_loss"] / swarm["final_loss"] - 1,
+        "swarm": swarm, "churn": churn, "compressed": compressed,
         "replicas_per_stage": args.replicas, "inflight": args.inflight, "overlap": args.overlap,
         "averaging_compression": args.averaging_compression,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
