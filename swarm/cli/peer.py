@@ -74,6 +74,14 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
         "one `swarm up` published in Ray)",
     )
     parser.add_argument("--model-name", default="", help="name in the registry (default: the directory's name)")
+    parser.add_argument(
+        "--adapters",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve the peft LoRA adapters in DIR by name, one per subdirectory (adapter_config.json + "
+        "adapter_model.safetensors); clients pick one per session",
+    )
     add_placement_flags(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
