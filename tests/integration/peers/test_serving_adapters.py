@@ -1,0 +1,159 @@
+"""Serving named LoRA adapters per session on the two shared SmolLM2 peers (codec NONE): 8 concurrent sessions over
+3 peft adapters and the bare model, batched together on the same peers, each equal token for token to local
+transformers + peft; a route avoids a peer without the adapter; an unknown adapter is refused clearly."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from peers.served_adapters import ServedAdapters
+from peers.server import PeerServer
+from swarm import CodecId, DistributedModelForCausalLM
+from swarm.client.lora import PEFT_PREFIX, LoraConfig, peft_config
+from swarm.errors import MissingBlocks
+from swarm.registry import Registry
+from swarm.security import SwarmCredentials
+
+from .wire import session_requests
+
+ADAPTERS = ("alpha", "beta", "gamma")
+PROMPTS = [
+    "The lighthouse keeper wrote",
+    "Bread rises slowly in",
+    "A train left the station",
+    "The river froze so hard",
+    "Old maps mark the mountain",
+    "Every library smells of",
+    "The clock in the square",
+    "Gardeners say the best time",
+]
+NEW_TOKENS = 8
+
+
+def write_adapter(directory: Path, seed: int, layers: int = 30, hidden: int = 576, kv: int = 192) -> None:
+    """A random peft LoRA (r=8, q_proj and v_proj) with non-zero B, so that it changes the model's tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    config = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
+    tensors = {}
+    for block in range(layers):
+        for path, out in (("self_attn.q_proj", hidden), ("self_attn.v_proj", kv)):
+            prefix = f"{PEFT_PREFIX}{block}.{path}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(8, hidden, generator=generator) * 0.05
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, 8, generator=generator) * 0.1
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True)
+    (directory / "adapter_config.json").write_text(json.dumps(peft_config(config, "smollm2")))
+    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def adapter_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("adapters")
+    for seed, name in enumerate(ADAPTERS):
+        write_adapter(root / name, seed)
+    return root
+
+
+@pytest.fixture(scope="module")
+def serving(peer_servers: list[PeerServer], adapter_root: Path) -> Iterator[list[PeerServer]]:
+    """The shared peers serve the adapters for this module (as `--adapters DIR` loads them), then stop again."""
+    for server in peer_servers:
+        server.service.served.load_directory(adapter_root, server.backend.span)
+        server.engine.most_adapters = 0
+    yield peer_servers
+    for server in peer_servers:
+        server.service.served = ServedAdapters()
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path: Path, serving: list[PeerServer], bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
+    # `serving` before `bootstrap`: the records announced name the adapters from the first announce on
+    model = DistributedModelForCausalLM.from_pretrained(
+        smollm2_path, bootstrap.addresses, codec=CodecId.NONE, credentials=SwarmCredentials.open(), wait_for_blocks_s=1
+    )
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def references(smollm2_path: Path, adapter_root: Path):
+    """Local greedy tokens per (adapter or "", prompt): transformers, and peft for the adapters."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path))
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
+    local = PeftModel.from_pretrained(base, str(adapter_root / ADAPTERS[0]), adapter_name=ADAPTERS[0])
+    for name in ADAPTERS[1:]:
+        local.load_adapter(str(adapter_root / name), adapter_name=name)
+    expected = {}
+    with torch.inference_mode():
+        for index, prompt in enumerate(PROMPTS):
+            adapter = ([*ADAPTERS, ""] * 2)[index]
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            with local.disable_adapter():
+                bare = local.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+            if adapter:
+                local.set_adapter(adapter)
+                out = local.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+                assert not torch.equal(out, bare), f"adapter {adapter} does not change {prompt!r}: a vacuous test"
+            expected[(adapter, prompt)] = (ids, bare if not adapter else out)
+    return expected
+
+
+def test_eight_sessions_over_three_adapters_and_the_base_batch_together(model, references, serving) -> None:
+    results: dict[tuple[str, str], torch.Tensor] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(references))
+
+    def run(adapter: str, prompt: str, ids: torch.Tensor) -> None:
+        try:
+            barrier.wait()
+            results[(adapter, prompt)] = model.generate(ids, max_new_tokens=NEW_TOKENS, adapter=adapter)
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(*key, ids)) for key, (ids, _) in references.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    for key, (_, expected) in references.items():
+        assert torch.equal(results[key], expected), (key, results[key], expected)
+    # Rows with different adapters (the bare model counting as one) ran in the same engine iteration.
+    most = max(server.engine.most_adapters for server in serving)
+    print(f"most distinct adapters in one iteration: {most}")
+    assert most >= 2
+
+
+def test_the_adapters_are_announced_and_routes_need_them(model, serving) -> None:
+    peers = model.view.peers(fresh=True)
+    assert {tuple(peer.adapters) for peer in peers} == {ADAPTERS}
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(MissingBlocks, match="adapter 'nope'"):
+        model.generate(ids, max_new_tokens=2, adapter="nope")
+
+
+def test_an_unknown_adapter_is_refused_and_the_peer_keeps_serving(stubs, serving) -> None:
+    hidden = torch.randn(1, 3, 576)
+    requests = list(session_requests("unknown-adapter", [(0, hidden)]))
+    requests[0].open.adapter = "nope"
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stubs[0].Inference(iter(requests)))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "'nope' is not served here" in caught.value.details() and "alpha" in caught.value.details()
+    requests = list(session_requests("known-adapter", [(0, hidden)]))
+    requests[0].open.adapter = "beta"
+    responses = list(stubs[0].Inference(iter(requests)))
+    assert responses and responses[0].position == 3
+    bare = list(stubs[0].Inference(session_requests("bare-after", [(0, hidden)])))
+    assert bare[0].hidden_states != responses[0].hidden_states  # the adapter changed the output
