@@ -157,3 +157,35 @@ def test_an_unknown_adapter_is_refused_and_the_peer_keeps_serving(stubs, serving
     assert responses and responses[0].position == 3
     bare = list(stubs[0].Inference(session_requests("bare-after", [(0, hidden)])))
     assert bare[0].hidden_states != responses[0].hidden_states  # the adapter changed the output
+
+
+def test_the_api_serves_base_colon_adapter(smollm2_path: Path, model, references) -> None:
+    """The OpenAI API (without Ray Serve): "model": "smollm2:beta" generates what the library does with adapter="beta";
+    /v1/models lists the adapters peers announce; an adapter no peer serves is the API's model_not_found."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from swarm.api.errors import ApiError
+    from swarm.api.protocol import CompletionRequest
+    from swarm.api.service import OpenAIService, ServedModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path))
+    service = OpenAIService([ServedModel("smollm2", smollm2_path, model, tokenizer)])
+    prompt = PROMPTS[1]
+    ids, expected = references[("beta", prompt)]
+
+    async def complete(name: str) -> dict:
+        request = CompletionRequest(model=name, prompt=prompt, max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+        return await service.complete(request)
+
+    try:
+        answer = asyncio.run(complete("smollm2:beta"))
+        assert answer["model"] == "smollm2:beta"
+        assert answer["choices"][0]["text"] == tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
+        listed = [card["id"] for card in service.list_models()["data"]]
+        assert listed == ["smollm2", *(f"smollm2:{name}" for name in ADAPTERS)]
+        with pytest.raises(ApiError, match="smollm2:nope"):
+            asyncio.run(complete("smollm2:nope"))
+    finally:
+        service.executor.shutdown(wait=False)
