@@ -1,10 +1,12 @@
 """Named LoRA adapters a peer serves to inference sessions: loaded at start from a directory of peft adapters
-(`swarm peer join --adapters DIR`, one subdirectory per adapter), kept for the peer's life, announced by name.
+(`swarm peer join --adapters DIR`, one subdirectory per adapter), kept for the peer's life, announced by name. A
+member may also upload one under a name (LoadAdapter with serve_as; swarm/client/adapter_upload.py's
+serve_adapter), which a private swarm's members are trusted to do.
 
 Unlike the fine-tuning uploads of peers/lora.py's AdapterCache (one client's changing tensors, keyed by id and
-version, evicted when unused), a served adapter is fixed and shared by every session that names it, so it is never
-evicted: routes are built from the names a peer announces, and a name must stay valid while it is announced.
-A peer keeps only the tensors of its own span's blocks. Read by peers/service.py when a session opens.
+version, evicted when unused), a served adapter is shared by every session that names it and is never evicted:
+routes are built from the names a peer announces, and a name must stay valid while it is announced. A peer keeps
+only the tensors of its own span's blocks. Read by peers/service.py when a session opens.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class ServedAdapters:
 
     def __init__(self) -> None:
         self._held: dict[str, LoraWeights] = {}
+        self._operators: set[str] = set()  # loaded from --adapters: a member's upload may not replace them
         self._lock = threading.Lock()
 
     def add(self, name: str, weights: LoraWeights) -> None:
@@ -42,6 +45,23 @@ class ServedAdapters:
             if name not in self._held and len(self._held) >= MAX_SERVED:
                 raise InvalidArgument("adapters", f"a peer serves at most {MAX_SERVED} adapters")
             self._held[check_name(name)] = weights
+
+    def add_upload(self, name: str, weights: LoraWeights, span: BlockSpan) -> None:
+        """A member's upload (LoadAdapter with serve_as), served under `name` from now on; it may replace an earlier
+        upload of that name (sessions already open keep the tensors they started with), never an operator's.
+
+        Raises:
+            InvalidRequest: the upload does not cover the whole span, or the name is the operator's.
+        """
+        if (weights.start, weights.end) != (span.start, span.end):
+            raise InvalidRequest(
+                f"a served adapter must cover this peer's whole span [{span.start}, {span.end}), "
+                f"not [{weights.start}, {weights.end})"
+            )
+        with self._lock:
+            if name in self._operators:
+                raise InvalidRequest(f"adapter {name!r} is served by this peer's operator and cannot be replaced")
+        self.add(name, weights)
 
     def names(self) -> tuple[str, ...]:
         with self._lock:
@@ -67,6 +87,8 @@ class ServedAdapters:
             raise InvalidArgument("--adapters", f"{root} is not a directory")
         for directory in sorted(p for p in root.iterdir() if (p / "adapter_config.json").is_file()):
             self.add(check_name(directory.name), load_peft(directory, span, directory.name))
+            with self._lock:
+                self._operators.add(directory.name)
 
 
 def load_peft(directory: str | Path, span: BlockSpan, name: str) -> LoraWeights:

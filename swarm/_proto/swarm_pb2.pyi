@@ -176,20 +176,22 @@ class NamedTensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class AdapterPart(_message.Message):
-    __slots__ = ("protocol_version", "adapter", "start_block", "end_block", "scaling", "weight")
+    __slots__ = ("protocol_version", "adapter", "start_block", "end_block", "scaling", "weight", "serve_as")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
     END_BLOCK_FIELD_NUMBER: _ClassVar[int]
     SCALING_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SERVE_AS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     adapter: AdapterRef
     start_block: int
     end_block: int
     scaling: float
     weight: NamedTensor
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., scaling: _Optional[float] = ..., weight: _Optional[_Union[NamedTensor, _Mapping]] = ...) -> None: ...
+    serve_as: str
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., scaling: _Optional[float] = ..., weight: _Optional[_Union[NamedTensor, _Mapping]] = ..., serve_as: _Optional[str] = ...) -> None: ...
 
 class AdapterAck(_message.Message):
     __slots__ = ("tensors",)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -201,3 +202,23 @@ def test_the_api_serves_base_colon_adapter(smollm2_path: Path, model, local) -> 
             asyncio.run(complete("smollm2:nope"))
     finally:
         service.executor.shutdown(wait=False)
+
+
+def test_a_members_upload_is_served_by_name(model, adapter_root: Path, serving) -> None:
+    """serve_adapter uploads an adapter (alpha's tensors, loaded as the library's LoraAdapter) to every peer under a
+    new name: once announced, sessions with it decode as alpha's do. The operator's names cannot be replaced."""
+    from swarm.client.adapter_upload import serve_adapter
+    from swarm.client.lora import LoraAdapter
+    from swarm.errors import InvalidRequest
+
+    upload = LoraAdapter.from_pretrained(model, adapter_root / "alpha")
+    assert sorted(serve_adapter(model, upload, "uploaded")) == sorted(s.service.config.peer_id for s in serving)
+    with pytest.raises(InvalidRequest, match="operator"):
+        serve_adapter(model, upload, "beta")
+    deadline = time.monotonic() + 15  # the peers announce it at their next refresh (every 5 s here)
+    while not all("uploaded" in peer.adapters for peer in model.view.peers(fresh=True)):
+        assert time.monotonic() < deadline, "the upload was never announced"
+        time.sleep(0.5)
+    ids = torch.tensor([[1, 504, 3, 77]])
+    expected = model.generate(ids, max_new_tokens=4, adapter="alpha")
+    assert torch.equal(model.generate(ids, max_new_tokens=4, adapter="uploaded"), expected)
