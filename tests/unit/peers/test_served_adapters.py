@@ -134,3 +134,17 @@ def test_served_adapters_load_a_directory_and_refuse_what_peers_cannot_compute(t
         load_peft(tmp_path / "shape", tiny_span, "shape")
     with pytest.raises(InvalidArgument, match="must match"):
         served.add("base:bad", alpha)
+
+
+def test_a_peer_server_serves_its_adapters_directory(tiny_span, tmp_path: Path) -> None:
+    """ServerConfig.adapters (`swarm peer join --adapters DIR`) is loaded before the server listens."""
+    from peers.server import PeerServer, ServerConfig
+    from swarm.security import SwarmCredentials
+
+    save_peft(tmp_path / "chat", random_adapter(tiny_span, "chat", 1))
+    config = ServerConfig(cache_tokens=64, adapters=str(tmp_path), credentials=SwarmCredentials.open())
+    server = PeerServer(tiny_span, config)
+    try:
+        assert server.service.served.names() == ("chat",)
+    finally:
+        server.stop()
