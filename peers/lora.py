@@ -97,7 +97,10 @@ def check_shapes(span: nn.Module, weights: LoraWeights) -> None:
     """Refuse an upload whose tensors do not fit the span's linear layers (InvalidRequest naming the tensor)."""
     for name, tensor in weights.tensors.items():
         block, path = parse_name(name, weights.start, weights.end)
-        linear = span.blocks[block - span.start].get_submodule(path)
+        try:
+            linear = span.blocks[block - span.start].get_submodule(path)
+        except AttributeError:
+            raise InvalidRequest(f"adapter tensor {name!r}: this model's blocks have no layer {path!r}") from None
         rank = tensor.shape[0] if name.endswith("lora_A") else tensor.shape[-1]
         want = (rank, linear.in_features) if name.endswith("lora_A") else (linear.out_features, rank)
         if tensor.dim() != 2 or tuple(tensor.shape) != want or not 1 <= rank <= MAX_RANK:

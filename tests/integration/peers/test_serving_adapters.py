@@ -141,6 +141,11 @@ def test_eight_sessions_over_three_adapters_and_the_base_batch_together(model, l
         assert torch.equal(got[:, prompt_length:], picked), (adapter, PROMPTS[index], got, picked)
         if adapter:  # the adapter does change what greedy decoding picks: the test is not vacuous
             assert not torch.equal(picked, local_greedy(local, "", got)[:, prompt_length - 1 : -1]), adapter
+    model_local, _ = local  # and, literally, one local peft generate() gives the same tokens as its session
+    model_local.set_adapter(ADAPTERS[0])
+    with torch.inference_mode():
+        generated = model_local.generate(input_ids=sessions[0][1], max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert torch.equal(results[0], generated)
     # Rows with different adapters (the bare model counting as one) ran in the same engine iteration.
     most = max(server.engine.most_adapters for server in serving)
     print(f"most distinct adapters in one iteration: {most}")
