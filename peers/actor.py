@@ -55,6 +55,7 @@ class StagePeer:
             "batch_size": engine.batch_size.value,
             "iteration_ms": 1000 * iteration_s,
             "metrics_address": self.metrics_address,
+            "adapters": list(server.service.served.names()),
             "pid": os.getpid(),
         }
 

@@ -1,6 +1,7 @@
 """The LoRA side of the peer's gRPC service: LoadAdapter (an upload of a client's adapter, one tensor per
 message) and the lookup of the adapter a Forward or Backward names. Mixed into PeerService (peers/service.py);
-the tensors are kept and applied by peers/lora.py.
+the tensors are kept and applied by peers/lora.py. An upload with `serve_as` is a member's named adapter for
+inference sessions instead (peers/served_adapters.py).
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ class AdapterRpcs:
     ) -> pb.AdapterAck:
         budget = StreamBudget(self.config.stream_bytes, "LoadAdapter")
         weights: LoraWeights | None = None
+        serve_as = ""
         async for part in requests:
             budget.take(part.ByteSize())
-            weights = weights or self._new_upload(part)
+            if weights is None:
+                weights, serve_as = self._new_upload(part), part.serve_as
             header = (part.adapter.adapter_id, part.adapter.version, part.start_block, part.end_block, part.scaling)
-            if header != (weights.key.adapter_id, weights.key.version, weights.start, weights.end, weights.scaling):
+            key = weights.key
+            if header != (key.adapter_id, key.version, weights.start, weights.end, weights.scaling) or (
+                part.serve_as != serve_as
+            ):
                 raise InvalidRequest("every message of a LoadAdapter stream must repeat the same header fields")
             parse_name(part.weight.name, weights.start, weights.end)
             tensor = decode(part.weight.tensor, device=self.backend.span.device)
@@ -42,7 +48,10 @@ class AdapterRpcs:
         if weights is None:
             raise InvalidRequest("the LoadAdapter stream carried no tensor")
         check_shapes(self.backend.span, weights)
-        self.adapters.put(weights)
+        if serve_as:
+            self.served.add_upload(serve_as, weights, self.backend.span)
+        else:
+            self.adapters.put(weights)
         return pb.AdapterAck(tensors=len(weights.tensors))
 
     def _new_upload(self, part: pb.AdapterPart) -> LoraWeights:

@@ -101,6 +101,7 @@ class PeerConfig:
             max_message_bytes=ns.max_message_bytes,
             limits=limits,
             credentials=SwarmCredentials.choose(ns.credentials, ns.open),
+            adapters=str(getattr(ns, "adapters", None) or ""),
         )
         placement = PlacementConfig(
             memory_gib=ns.memory_gib,

@@ -100,6 +100,7 @@ class PeerDaemon:
             batch_size=live["batch_size"],
             iteration_ms=live["iteration_ms"],
             metrics_address=live["metrics_address"],
+            adapters=tuple(live.get("adapters", ())),
         )
 
     def _record(self, state: PeerState, span: Span) -> PeerInfo:

@@ -22,6 +22,7 @@ import torch
 
 from peers.engine_state import EngineSession, Step, admission_order
 from peers.kv_cache import Sequence, copies_needed, reorder
+from peers.lora import LoraWeights
 from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner, Piece
 from peers.scheduler import Chunk, MovingAverage, RateMeter, Ready, Task, TaskKind, TaskQueue, plan_iteration
@@ -64,6 +65,7 @@ class Engine:
         self.tokens_total = {kind: 0 for kind in TaskKind}  # tokens computed since start, for Prometheus counters
         self.busy_s_total = {kind: 0.0 for kind in TaskKind}
         self.iterations = 0  # inference iterations run
+        self.most_adapters = 0  # most distinct adapters (the bare model counts as one) that shared an iteration
         self.preemptions = 0
         self.idle_closes = 0
         self._loop = threading.Thread(target=self._run, name="peer-engine", daemon=True)
@@ -81,8 +83,10 @@ class Engine:
         with self._cond:
             return len(self._tasks) + sum(s.pending is not None for s in self._sessions.values())
 
-    def open(self, session_id: str, blocks: range, batch_size: int, max_length: int) -> None:
-        """Register a session; it holds no page until its tokens arrive.
+    def open(
+        self, session_id: str, blocks: range, batch_size: int, max_length: int, adapter: LoraWeights | None = None
+    ) -> None:
+        """Register a session (its rows run with `adapter`'s deltas, if any); it holds no page until its tokens arrive.
 
         Raises:
             InvalidRequest: the id is empty or already open.
@@ -101,7 +105,8 @@ class Engine:
             if session_id in self._sessions:
                 raise InvalidRequest(f"session {session_id!r} is already open on this peer")
             sequences = [Sequence() for _ in range(batch_size)]
-            self._sessions[session_id] = EngineSession(session_id, blocks, max_length, sequences, self.clock())
+            session = EngineSession(session_id, blocks, max_length, sequences, self.clock(), adapter=adapter)
+            self._sessions[session_id] = session
 
     def step(self, session_id: str, hidden: torch.Tensor, position: int, hypo_ids: list[int] | None = None) -> Future:
         """Queue new tokens' hidden states [batch, tokens, hidden] at `position` (below the session's length: roll
@@ -323,6 +328,8 @@ class Engine:
             by_blocks.setdefault(chunk.key.session.blocks, []).append(chunk)
         results: dict[int, torch.Tensor] = {}
         for blocks, group in by_blocks.items():
+            group.sort(key=_adapter_name)  # one contiguous run of rows per adapter (peers/lora.py applied_per_row)
+            self.most_adapters = max(self.most_adapters, len({_adapter_name(chunk) for chunk in group}))
             pieces = [self._piece(chunk) for chunk in group]
             for chunk, output in zip(group, self.runner.run(pieces, blocks), strict=True):
                 results[id(chunk)] = output
@@ -338,7 +345,7 @@ class Engine:
     def _piece(self, chunk: Chunk) -> Piece:
         step = chunk.key
         hidden = step.hidden[:, step.done : step.done + chunk.tokens]
-        return Piece(step.session.sequences, hidden, step.position + step.done)
+        return Piece(step.session.sequences, hidden, step.position + step.done, step.session.adapter)
 
     def _advance(self, chunk: Chunk, output: torch.Tensor) -> None:
         step = chunk.key
@@ -383,3 +390,8 @@ class Engine:
         """Timings that are announced must include the GPU's work, not only the kernel launches."""
         if self.runner.span.device.type == "cuda":
             torch.cuda.synchronize(self.runner.span.device)
+
+
+def _adapter_name(chunk: Chunk) -> str:
+    adapter = chunk.key.session.adapter
+    return adapter.key.adapter_id if adapter is not None else ""

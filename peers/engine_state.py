@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from peers.kv_cache import Sequence
+from peers.lora import LoraWeights
 
 
 @dataclass(slots=True, eq=False)
@@ -35,6 +36,7 @@ class EngineSession:
     last_used: float
     admitted: int | None = None  # admission order, given by its first step; None until then
     pending: Step | None = None
+    adapter: LoraWeights | None = None  # a served adapter its rows run with (peers/served_adapters.py)
 
     @property
     def length(self) -> int:

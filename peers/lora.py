@@ -97,7 +97,10 @@ def check_shapes(span: nn.Module, weights: LoraWeights) -> None:
     """Refuse an upload whose tensors do not fit the span's linear layers (InvalidRequest naming the tensor)."""
     for name, tensor in weights.tensors.items():
         block, path = parse_name(name, weights.start, weights.end)
-        linear = span.blocks[block - span.start].get_submodule(path)
+        try:
+            linear = span.blocks[block - span.start].get_submodule(path)
+        except AttributeError:
+            raise InvalidRequest(f"adapter tensor {name!r}: this model's blocks have no layer {path!r}") from None
         rank = tensor.shape[0] if name.endswith("lora_A") else tensor.shape[-1]
         want = (rank, linear.in_features) if name.endswith("lora_A") else (linear.out_features, rank)
         if tensor.dim() != 2 or tuple(tensor.shape) != want or not 1 <= rank <= MAX_RANK:
@@ -133,6 +136,63 @@ def applied(span: nn.Module, weights: LoraWeights | None, blocks: range, tensors
             base = getattr(parent, attr)
             lora = _LoraLinear(base, tensors[f"{prefix}.lora_A"], tensors[f"{prefix}.lora_B"], weights.scaling)
             setattr(parent, attr, lora)
+            swapped.append((parent, attr, base))
+        yield
+    finally:
+        for parent, attr, base in reversed(swapped):
+            setattr(parent, attr, base)
+
+
+@dataclass(frozen=True, slots=True)
+class RowGroup:
+    """Tokens [start, stop) of an engine iteration's flat batch that run with one adapter."""
+
+    adapter: LoraWeights
+    start: int
+    stop: int
+
+
+class _MultiLoraLinear(nn.Module):
+    """A linear layer run once for the whole flat batch, plus each row group's own low-rank delta.
+
+    The base matmul is the expensive part and is shared; the deltas are two thin matmuls per group (rank r), added
+    in place to the group's slice of the output. The engine orders rows by adapter, so a group is one contiguous
+    slice and no gather or scatter is needed. Rows of no group (the bare model) get no delta.
+    """
+
+    def __init__(self, base: nn.Linear, deltas: list[tuple[int, int, torch.Tensor, torch.Tensor, float]]) -> None:
+        super().__init__()
+        self.base, self.deltas = base, deltas
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [1, tokens, in]
+        result = self.base(x)
+        for start, stop, lora_a, lora_b, scaling in self.deltas:
+            rows = x[:, start:stop]
+            result[:, start:stop] += F.linear(F.linear(rows, lora_a.to(x.dtype)), lora_b.to(x.dtype)) * scaling
+        return result
+
+
+@contextmanager
+def applied_per_row(span: nn.Module, groups: list[RowGroup], blocks: range) -> Iterator:
+    """Within the block, every linear layer that some group's adapter targets in `blocks` runs as _MultiLoraLinear
+    with the deltas of the groups that target it. Runs on the engine's one thread; nothing is swapped for no group,
+    so an iteration of bare sessions runs the span untouched."""
+    if not groups:
+        yield
+        return
+    layers: dict[tuple[int, str], list[tuple[int, int, torch.Tensor, torch.Tensor, float]]] = {}
+    for group in groups:
+        for block, path, prefix in group.adapter.pairs(blocks):
+            tensors = group.adapter.tensors
+            delta = (group.start, group.stop, tensors[f"{prefix}.lora_A"], tensors[f"{prefix}.lora_B"])
+            layers.setdefault((block, path), []).append((*delta, group.adapter.scaling))
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []
+    try:
+        for (block, path), deltas in layers.items():
+            parent_path, _, attr = path.rpartition(".")
+            parent = span.blocks[block - span.start].get_submodule(parent_path)
+            base = getattr(parent, attr)
+            setattr(parent, attr, _MultiLoraLinear(base, deltas))
             swapped.append((parent, attr, base))
         yield
     finally:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from peers.kv_cache import PagePool, Sequence
+from peers.lora import LoraWeights, RowGroup, applied_per_row
 from peers.paged_attention import PagedLayer, SequenceRows, build_batch
 from swarm.partition import BlockSpan
 
@@ -23,6 +24,7 @@ class Piece:
     sequences: list[Sequence]  # one per row of `hidden`
     hidden: torch.Tensor  # [batch, tokens, hidden]
     position: int  # of the first new token
+    adapter: LoraWeights | None = None  # its rows add this adapter's deltas
 
 
 class ModelRunner:
@@ -49,6 +51,22 @@ class ModelRunner:
         hidden = flat.to(device=span.device, dtype=span.dtype).unsqueeze(0)  # [1, tokens, hidden]
         cos, sin = span.rotary.at(positions.to(span.device), hidden.dtype)
         first = blocks.start - span.start
-        out = span.run(hidden, cos, sin, lambda offset: PagedLayer(self.pool, first + offset, batch), blocks)[0]
         sizes = [piece.hidden.shape[0] * piece.hidden.shape[1] for piece in pieces]
+        with applied_per_row(span, row_groups(pieces, sizes), blocks):
+            out = span.run(hidden, cos, sin, lambda offset: PagedLayer(self.pool, first + offset, batch), blocks)[0]
         return [part.view(piece.hidden.shape) for part, piece in zip(out.split(sizes), pieces, strict=True)]
+
+
+def row_groups(pieces: list[Piece], sizes: list[int]) -> list[RowGroup]:
+    """The flat batch's token ranges per adapter, adjacent pieces of one adapter merged (the engine sorts pieces by
+    adapter, so each adapter is one range). Empty when no piece has an adapter: the bare path swaps nothing."""
+    groups: list[RowGroup] = []
+    start = 0
+    for piece, size in zip(pieces, sizes, strict=True):
+        if piece.adapter is not None:
+            if groups and groups[-1].adapter is piece.adapter and groups[-1].stop == start:
+                groups[-1] = RowGroup(piece.adapter, groups[-1].start, start + size)
+            else:
+                groups.append(RowGroup(piece.adapter, start, start + size))
+        start += size
+    return groups

@@ -61,6 +61,7 @@ class ServerConfig:
     rpc_threads: int = 32  # threads for the plain RPCs (Forward, Backward, Info, Health) running at once
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
     output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
+    adapters: str = ""  # a directory of peft LoRA adapters to serve by name, one per subdirectory; "" for none
     # SwarmCredentials.load(DIR) for a private swarm, SwarmCredentials.open() for an open one; None refuses to serve
     credentials: SwarmCredentials | None = None
 
@@ -119,6 +120,8 @@ class PeerServer:
             credentials=config.credentials,
         )
         self.service = PeerService(self.backend, self.engine, service, self.metrics)
+        if config.adapters:  # loaded before the server listens: a bad adapter stops the start, naming it
+            self.service.served.load_directory(config.adapters, span)
         self._bind_gauges()
         self.health = health.aio.HealthServicer()  # Watch streams are coroutines, cancelled when the server stops
         self._loop = serving_loop()

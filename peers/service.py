@@ -26,6 +26,7 @@ from peers.metrics import PeerMetrics
 from peers.push import Inbox, Inboxes, Pusher
 from peers.rpc_status import answers_errors, check_version
 from peers.scheduler import TaskKind
+from peers.served_adapters import ServedAdapters
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
@@ -67,6 +68,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         self.inboxes = Inboxes()
         self.pusher = Pusher(config.max_message_bytes, config.credentials)
         self.adapters = AdapterCache()  # LoRA adapters uploaded by fine-tuning clients (peers/adapter_service.py)
+        self.served = ServedAdapters()  # named adapters for inference sessions (peers/served_adapters.py)
         engine.on_lost = self.inboxes.fail  # preempted or idle: the stream ends with that error (thread-safe)
 
     # ---- stateless compute ----
@@ -203,7 +205,8 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         choice = self._response_codec(opening.response_codec, None)  # before reserving anything
         if self.engine.open_sessions >= self.config.max_sessions:
             raise Overloaded(f"peer holds its maximum of {self.config.max_sessions} open sessions")
-        self.engine.open(opening.session_id, blocks, opening.batch_size, opening.max_length)
+        adapter = self.served.get(opening.adapter, blocks) if opening.adapter else None
+        self.engine.open(opening.session_id, blocks, opening.batch_size, opening.max_length, adapter)
         return opening.session_id, choice
 
     async def _serve_steps(

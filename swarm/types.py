@@ -62,6 +62,7 @@ class PeerInfo:
     total_blocks: int = 0  # blocks in the whole model, so readers can tell which are not served
     batch_size: float = 0.0  # sequences per engine iteration (moving average): how busy its batches are
     iteration_ms: float = 0.0  # measured time of one engine iteration at that batch size
+    adapters: tuple[str, ...] = ()  # names of the LoRA adapters it serves to inference sessions, sorted
 
 
 @dataclass(frozen=True, slots=True)

@@ -182,20 +182,22 @@ class NamedTensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class AdapterPart(_message.Message):
-    __slots__ = ("protocol_version", "adapter", "start_block", "end_block", "scaling", "weight")
+    __slots__ = ("protocol_version", "adapter", "start_block", "end_block", "scaling", "weight", "serve_as")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
     END_BLOCK_FIELD_NUMBER: _ClassVar[int]
     SCALING_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SERVE_AS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     adapter: AdapterRef
     start_block: int
     end_block: int
     scaling: float
     weight: NamedTensor
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., scaling: _Optional[float] = ..., weight: _Optional[_Union[NamedTensor, _Mapping]] = ...) -> None: ...
+    serve_as: str
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., scaling: _Optional[float] = ..., weight: _Optional[_Union[NamedTensor, _Mapping]] = ..., serve_as: _Optional[str] = ...) -> None: ...
 
 class AdapterAck(_message.Message):
     __slots__ = ("tensors",)
@@ -204,7 +206,7 @@ class AdapterAck(_message.Message):
     def __init__(self, tensors: _Optional[int] = ...) -> None: ...
 
 class InferenceOpen(_message.Message):
-    __slots__ = ("protocol_version", "session_id", "start_block", "end_block", "batch_size", "max_length", "response_codec")
+    __slots__ = ("protocol_version", "session_id", "start_block", "end_block", "batch_size", "max_length", "response_codec", "adapter")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +214,7 @@ class InferenceOpen(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     session_id: str
     start_block: int
@@ -219,7 +222,8 @@ class InferenceOpen(_message.Message):
     batch_size: int
     max_length: int
     response_codec: CodecChoice
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., session_id: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_length: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ...) -> None: ...
+    adapter: str
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., session_id: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_length: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class PushTarget(_message.Message):
     __slots__ = ("address", "session_id")

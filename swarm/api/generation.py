@@ -39,6 +39,7 @@ class Sampling:
     ignore_eos: bool = False
     speculative: str | None = None  # None: the client's ClientConfig.speculative
     num_speculative_tokens: int | None = None
+    adapter: str = ""  # a LoRA adapter peers serve by name ("model": "base:adapter"); "" for the bare model
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,8 @@ class Generation:
         sampling, batch = self.sampling, self.sampling.n
         input_ids = torch.tensor([self.prompt_ids] * batch, dtype=torch.long)
         try:
-            self._session = self.model.inference_session(len(self.prompt_ids) + sampling.max_new_tokens, batch)
+            length = len(self.prompt_ids) + sampling.max_new_tokens
+            self._session = self.model.inference_session(length, batch, sampling.adapter)
         except BaseException as error:
             self._emit(Failed(error))
             return

@@ -46,9 +46,14 @@ class ServedModel:
         model = DistributedModelForCausalLM.from_pretrained(path, initial_peers, config)
         return cls(config.model_name or path.name, path, model, AutoTokenizer.from_pretrained(str(path)))
 
-    def card(self) -> dict[str, Any]:
+    def cards(self) -> list[dict[str, Any]]:
+        """The model, and "name:adapter" for each LoRA adapter some live peer serves (peers/served_adapters.py)."""
         created = int(self.path.stat().st_mtime) if self.path.exists() else 0
-        return {"id": self.name, "object": "model", "created": created, "owned_by": "rayswarm"}
+        names = [self.name, *(f"{self.name}:{adapter}" for adapter in self.adapters())]
+        return [{"id": name, "object": "model", "created": created, "owned_by": "rayswarm"} for name in names]
+
+    def adapters(self) -> list[str]:
+        return sorted({adapter for peer in self.model.view.peers() for adapter in peer.adapters})
 
     def coverage(self) -> dict[str, Any]:
         """How many of the model's blocks some live peer serves now."""
@@ -84,7 +89,7 @@ class OpenAIService:
         return cls(models, max_concurrent, max_sessions)
 
     def list_models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [served.card() for served in self.models.values()]}
+        return {"object": "list", "data": [card for served in self.models.values() for card in served.cards()]}
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "models": {name: served.coverage() for name, served in self.models.items()}}
@@ -108,9 +113,12 @@ class OpenAIService:
             served.model.close()
 
     def _model(self, name: str) -> ServedModel:
-        if name not in self.models:
-            raise unknown_model(name, sorted(self.models))
-        return self.models[name]
+        """The model `name` names: "base", or "base:adapter" for a LoRA adapter that peers serve (announced)."""
+        base, _, adapter = name.partition(":")
+        if base not in self.models or (adapter and adapter not in self.models[base].adapters()):
+            known = [card["id"] for served in self.models.values() for card in served.cards()]
+            raise unknown_model(name, known)
+        return self.models[base]
 
     async def _complete(
         self,
@@ -146,7 +154,7 @@ class OpenAIService:
         if isinstance(first, Failed):
             raise api_error_for(first.error)
         assert isinstance(first, Started)
-        reply = _Reply(kind, served.name, request, len(ids), first.route)
+        reply = _Reply(kind, request.model, request, len(ids), first.route)
         if echo:
             reply.prefix = served.tokenizer.decode(ids, skip_special_tokens=True)
         if request.stream:
@@ -278,6 +286,7 @@ def _sampling(request: protocol.SamplingRequest, served: ServedModel, ids: list[
         ignore_eos=request.ignore_eos,
         speculative=request.speculative,
         num_speculative_tokens=request.num_speculative_tokens,
+        adapter=request.model.partition(":")[2],
     )
 
 

@@ -79,6 +79,14 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
         "one `swarm up` published in Ray)",
     )
     parser.add_argument("--model-name", default="", help="name in the registry (default: the directory's name)")
+    parser.add_argument(
+        "--adapters",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve the peft LoRA adapters in DIR by name, one per subdirectory (adapter_config.json + "
+        "adapter_model.safetensors); clients pick one per session",
+    )
     add_placement_flags(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
@@ -263,16 +271,35 @@ def _print_serving(info: dict, name: str) -> None:
 
 def check_before_start(ns: argparse.Namespace) -> None:
     """What parsing alone cannot tell, checked before Ray or a DHT node starts: the span against the model's blocks,
-    that the ports asked for are free, and (for --host 0.0.0.0) which address to announce."""
+    that --adapters is a directory (its adapters are checked as the stage actor loads them), that the ports asked
+    for are free, and (for --host 0.0.0.0) which address to announce."""
     blocks = model_blocks(ns.model)
     if ns.blocks:
         check_span(ns.blocks, blocks)
     if ns.num_blocks and ns.num_blocks > blocks:
         raise InvalidArgument("--num-blocks", f"{ns.num_blocks} is more than the model's {blocks} blocks")
+    if ns.adapters is not None:
+        check_adapters(ns.adapters)
     free_port(ns.host, ns.port, "--port")
     free_port(ns.host, ns.dht_port, "--dht-port")
     free_port(ns.host, ns.metrics_port, "--metrics-port")
     check_announced(ns.host, ns.announce_host, ns.initial_peers)
+
+
+def check_adapters(root: Path) -> None:
+    """--adapters names a directory whose adapters' configs are LoRAs the peers compute (the tensors are checked
+    against the span's layers when the stage actor loads them)."""
+    import json
+
+    from swarm.client.lora import config_from_peft
+
+    if not root.is_dir():
+        raise InvalidArgument("--adapters", f"{root} is not a directory")
+    for config in sorted(root.glob("*/adapter_config.json")):
+        try:
+            config_from_peft(json.loads(config.read_text()))
+        except (InvalidArgument, ValueError, KeyError) as error:
+            raise InvalidArgument("--adapters", f"{config}: {error}") from None
 
 
 def _print_restart(info: dict) -> None:

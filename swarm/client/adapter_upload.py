@@ -8,6 +8,7 @@ it lost its copy (restarted, evicted it).
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -15,7 +16,10 @@ from swarm._proto import swarm_pb2 as pb
 from swarm.client.lora import LoraAdapter
 from swarm.codec import CodecId, encode
 from swarm.errors import error_for
-from swarm.types import Hop
+from swarm.types import Hop, PeerState
+
+if TYPE_CHECKING:
+    from swarm.client.model import DistributedModelForCausalLM
 
 
 class AdapterUploads:
@@ -55,13 +59,37 @@ class AdapterUploads:
             self._held.pop(address, None)
 
 
-def _parts(adapter: LoraAdapter, hop: Hop):
+def serve_adapter(
+    model: DistributedModelForCausalLM, adapter: LoraAdapter, name: str, timeout_s: float = 60.0
+) -> list[str]:
+    """Upload `adapter` to every live peer of `model`'s swarm (each gets its whole span) to be served under `name`:
+    `model.generate(..., adapter=name)` can use it once the peers have announced it (their next refresh). Returns
+    the ids of the peers that took it; a peer that joins later does not have it (upload again).
+
+    Raises:
+        SwarmError: a peer refused or failed the upload (the status mapped by swarm/errors.py).
+    """
+    taken = []
+    for peer in model.view.peers(fresh=True):
+        if peer.state is PeerState.ONLINE and peer.address:
+            hop = Hop(peer.peer_id, peer.address, peer.span)
+            parts = list(_parts(adapter, hop, serve_as=name))
+            try:
+                model.view.stubs(peer.address).LoadAdapter(iter(parts), timeout=timeout_s)
+            except grpc.RpcError as error:
+                raise error_for(error.code(), f"{peer.address}: {error.details()}") from error
+            taken.append(peer.peer_id)
+    return taken
+
+
+def _parts(adapter: LoraAdapter, hop: Hop, serve_as: str = ""):
     header = {
         "protocol_version": pb.PROTOCOL_VERSION_CURRENT,
         "adapter": pb.AdapterRef(adapter_id=adapter.adapter_id, version=adapter.version),
         "start_block": hop.span.start,
         "end_block": hop.span.end,
         "scaling": adapter.scaling,
+        "serve_as": serve_as,
     }
     named = adapter.named()
     for name in adapter.within(range(hop.span.start, hop.span.end)):

@@ -126,8 +126,9 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             raise InvalidArgument(unknown[0], "not a ClientConfig field (those are listed in swarm/config.py)")
         return cls(path, initial_peers, dataclasses.replace(config or ClientConfig(), **overrides))
 
-    def open_session(self, batch_size: int, max_length: int) -> InferenceSession:
-        """A session over every block, with this model's router, codec, timeouts and verification."""
+    def open_session(self, batch_size: int, max_length: int, adapter: str = "") -> InferenceSession:
+        """A session over every block, with this model's router, codec, timeouts and verification; with `adapter`,
+        through peers that serve that LoRA adapter by name, which apply it to this session's rows."""
         config = self.client_config
         session = InferenceSession(
             self.router,
@@ -144,6 +145,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             wait_s=config.wait_for_blocks_s,
             compress_min_bytes=config.compress_min_bytes,
             stubs=self.view.stubs,
+            adapter=adapter,
         )
         if config.verify_fraction > 0:
             session.enable_verification(config.verify_fraction, config.verify_margin)
@@ -218,10 +220,11 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 output = output.index_put((index[:, None], columns[None, :]), result)
         return output
 
-    def inference_session(self, max_length: int, batch_size: int = 1) -> ModelSession:
+    def inference_session(self, max_length: int, batch_size: int = 1, adapter: str = "") -> ModelSession:
         """`with model.inference_session(max_length=N) as s:` keeps the peers' KV caches between generate() calls;
-        inside it, generate() takes only the new tokens of each turn."""
-        return ModelSession(self, max_length, batch_size)
+        inside it, generate() takes only the new tokens of each turn. `adapter`: a LoRA adapter peers serve by name
+        (`swarm peer join --adapters DIR`), applied to this session; "" for the bare model."""
+        return ModelSession(self, max_length, batch_size, adapter)
 
     def generate(
         self,
@@ -249,7 +252,8 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         whatever other threads do; `speculative` ("prompt_lookup", "draft:PATH"; "" for none; None:
         ClientConfig.speculative) drafts up to `num_speculative_tokens` tokens on the client and verifies them in
         one step through the swarm: the same tokens as without it when greedy, the same distribution when
-        sampling, in fewer round trips. `speculation_stats()` counts drafted and accepted tokens.
+        sampling, in fewer round trips. `speculation_stats()` counts drafted and accepted tokens. `adapter="name"` (a
+        LoRA adapter peers serve, see inference_session) runs the new session with it, batched with others on peers.
 
         Thread-safe: concurrent calls on one model each run their own sessions.
 
@@ -259,11 +263,11 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             InvalidRequest: an argument RaySwarm's loop does not take alongside one of its extensions, padding with
                 an extension, or a session that another thread is generating in.
         """
-        input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
+        adapter, input_ids = kwargs.pop("adapter", ""), inputs if inputs is not None else kwargs.pop("input_ids", None)
         input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings)
         params = resolved_params(input_ids.shape[1], generation_config or self.generation_config, kwargs)
         speculation = self._speculation(speculative, num_speculative_tokens)
-        if session is None and self.active_session is None and generator is None and not speculation[0]:
+        if session is None and self.active_session is None and generator is None and not (speculation[0] or adapter):
             return self._generate_with_transformers(
                 input_ids, generation_config, logits_processor, stopping_criteria, streamer, kwargs
             )
@@ -271,7 +275,8 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         if streamer is not None:
             streamer.put(input_ids)
         try:
-            with self._session_for(session, input_ids.shape[0], input_ids.shape[1] + params.max_new_tokens) as turn:
+            length = input_ids.shape[1] + params.max_new_tokens
+            with self._session_for(session, input_ids.shape[0], length, adapter) as turn:
                 extras = (logits_processor or (), stopping_criteria or (), generator)
                 new = self._decode(turn, input_ids, params, streamer, speculation, *extras)
         finally:
@@ -323,15 +328,17 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         model_kwargs[CACHE_KWARG] = cache
 
     @contextmanager
-    def _session_for(self, session: ModelSession | None, batch_size: int, max_length: int) -> Iterator[ModelSession]:
+    def _session_for(
+        self, session: ModelSession | None, batch_size: int, max_length: int, adapter: str
+    ) -> Iterator[ModelSession]:
         """The session a generate() call runs in: `session`, else the calling thread's active one (held for the
-        call), else a new one that no other call sees, closed afterwards."""
+        call), else a new one with `adapter` that no other call sees, closed afterwards."""
         session = session or self.active_session
         if session is not None:
-            with session.turn():
+            with session.turn(adapter):
                 yield session
             return
-        own = self.inference_session(max_length, batch_size)
+        own = self.inference_session(max_length, batch_size, adapter)
         try:
             yield own
         finally:

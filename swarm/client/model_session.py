@@ -25,10 +25,12 @@ class ModelSession:
     InvalidRequest rather than interleaving tokens into the same caches).
     """
 
-    def __init__(self, model: DistributedModelForCausalLM, max_length: int, batch_size: int) -> None:
+    def __init__(
+        self, model: DistributedModelForCausalLM, max_length: int, batch_size: int, adapter: str = ""
+    ) -> None:
         check_session_shape(max_length, batch_size, model.context_length)
-        self.model, self.max_length, self.batch_size = model, max_length, batch_size
-        self.session = model.open_session(batch_size, max_length)
+        self.model, self.max_length, self.batch_size, self.adapter = model, max_length, batch_size, adapter
+        self.session = model.open_session(batch_size, max_length, adapter)
         self.tokens = torch.zeros(batch_size, 0, dtype=torch.long)  # every token the peers have seen
         self.pending = torch.zeros(batch_size, 0, dtype=torch.long)  # generated last turn, not fed yet
         self._busy = threading.Lock()  # held by the generate() that uses the session
@@ -64,12 +66,14 @@ class ModelSession:
         return hidden
 
     @contextmanager
-    def turn(self) -> Iterator[ModelSession]:
-        """Hold the session for one generate() call.
+    def turn(self, adapter: str = "") -> Iterator[ModelSession]:
+        """Hold the session for one generate() call (which asked for `adapter`, "" for any).
 
         Raises:
-            InvalidRequest: another thread is generating in this session now.
+            InvalidRequest: another thread is generating in this session now, or the session runs another adapter.
         """
+        if adapter and adapter != self.adapter:
+            raise InvalidRequest(f"adapter {adapter!r} differs from the session's {self.adapter!r}")
         if not self._busy.acquire(blocking=False):
             raise InvalidRequest("this session is generating in another thread: give each thread its own session")
         try:

@@ -35,7 +35,7 @@ from swarm.errors import (
     SwarmError,
     WrongSpan,
 )
-from swarm.router import Router
+from swarm.router import Router, serving
 from swarm.security import SwarmCredentials
 from swarm.types import Hop, PeerInfo, Route, Span
 
@@ -94,9 +94,13 @@ class InferenceSession:
         wait_s: float | None = None,
         compress_min_bytes: int = 0,
         stubs: PeerStubs | None = None,
+        adapter: str = "",
     ) -> None:
-        """`stubs`: channels shared with the caller's other sessions and RTT pings (a channel per stream without)."""
-        self.router, self.peers, self.codec, self.credentials = router, peers, codec, credentials
+        """`stubs`: channels shared with the caller's other sessions and RTT pings (a channel per stream without).
+        `adapter`: a LoRA adapter served by name; routes (failovers and verification too) use only peers whose
+        records list it, and each peer applies it to this session's rows."""
+        self.router, self.codec, self.credentials, self.adapter = router, codec, credentials, adapter
+        self.peers = (lambda fresh: serving(peers(fresh), adapter)) if adapter else peers
         self.compress_min_bytes, self.stubs = compress_min_bytes, stubs
         self.wait_s = step_timeout_s if wait_s is None else wait_s
         self.metrics = metrics or ClientMetrics("")
@@ -122,7 +126,7 @@ class InferenceSession:
     def _stream(self, hop: Hop) -> SpanSession:
         return SpanSession(
             hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s, self.credentials,
-            self.compress_min_bytes, self.stubs,
+            self.compress_min_bytes, self.stubs, self.adapter,
         )  # fmt: skip
 
     def step(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor:
@@ -292,8 +296,10 @@ class InferenceSession:
         while True:
             try:
                 return self.router.choose(need, self.peers(fresh), tokens=self._tokens)
-            except (MissingBlocks, Overloaded):
+            except (MissingBlocks, Overloaded) as error:
                 if time.monotonic() >= deadline:
+                    if self.adapter and isinstance(error, MissingBlocks):
+                        raise MissingBlocks(f"{error} among the peers that serve adapter {self.adapter!r}") from None
                     raise
             time.sleep(0.25)
             fresh = True

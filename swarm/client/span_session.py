@@ -45,9 +45,10 @@ class SpanSession:
         credentials: SwarmCredentials,
         compress_min_bytes: int = 0,
         stubs: PeerStubs | None = None,
+        adapter: str = "",
     ) -> None:
         """With `stubs` the stream runs on their shared channel to the peer (left open at close); without, on a
-        channel of its own."""
+        channel of its own. `adapter`: the served LoRA adapter the peer applies to this session ("" for none)."""
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
         self.compress_min_bytes = compress_min_bytes
         self.session_id = uuid.uuid4().hex
@@ -65,6 +66,7 @@ class SpanSession:
             batch_size=batch_size,
             max_length=max_length,
             response_codec=pb.CodecChoice(codec=int(codec), compress_min_bytes=compress_min_bytes),
+            adapter=adapter,
         )
         self._requests.put(pb.InferenceRequest(open=opening))
         self._call = self._stub.Inference(iter(self._requests.get, None))

@@ -11,6 +11,7 @@ from swarm.types import PeerInfo, PeerState, Span
 
 MAX_BLOCKS = 1 << 16
 MAX_TEXT = 256
+MAX_ADAPTERS = 64  # names a record may list (peers/served_adapters.py serves at most as many)
 
 
 class InvalidRecord(InvalidRequest):
@@ -32,6 +33,7 @@ def to_dht(info: PeerInfo) -> dict[str, Any]:
         "metrics_address": info.metrics_address,
         "model": info.model,
         "total_blocks": info.total_blocks,
+        "adapters": list(info.adapters),
     }
 
 
@@ -60,6 +62,7 @@ def from_dht(peer_id: Any, value: Any) -> PeerInfo:
         metrics_address=_text(value, "metrics_address"),
         model=_text(value, "model"),
         total_blocks=_int({"total_blocks": value.get("total_blocks", 0)}, "total_blocks", 0, MAX_BLOCKS),
+        adapters=_names(value, "adapters"),
     )
 
 
@@ -82,3 +85,11 @@ def _text(value: dict, field: str, required: bool = False) -> str:
     if not isinstance(item, str) or len(item) > MAX_TEXT or (required and not item):
         raise InvalidRecord(f"field {field!r} must be a string of at most {MAX_TEXT} characters, got {item!r}")
     return item
+
+
+def _names(value: dict, field: str) -> tuple[str, ...]:
+    """A list of short strings (absent in records of older peers: none)."""
+    items = value.get(field, [])
+    if not isinstance(items, list | tuple) or len(items) > MAX_ADAPTERS:
+        raise InvalidRecord(f"field {field!r} must be a list of at most {MAX_ADAPTERS} names, got {items!r}")
+    return tuple(_text({field: item}, field, required=True) for item in items)

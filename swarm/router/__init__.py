@@ -4,8 +4,8 @@ backoff for failed peers; min_latency.py: inference routes; wiring.py: forward/b
 from __future__ import annotations
 
 from swarm.router.bans import Bans
-from swarm.router.base import Router, check_coverage
+from swarm.router.base import Router, check_coverage, serving
 from swarm.router.min_latency import MinLatencyRouter
 from swarm.router.wiring import WiringRouter
 
-__all__ = ["Bans", "MinLatencyRouter", "Router", "WiringRouter", "check_coverage"]
+__all__ = ["Bans", "MinLatencyRouter", "Router", "WiringRouter", "check_coverage", "serving"]

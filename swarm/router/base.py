@@ -60,6 +60,11 @@ def check_coverage(need: Span, peers: Sequence[PeerInfo]) -> None:
         raise MissingBlocks(f"no live peer serves blocks {block_ranges(missing)} (needed [{need.start}, {need.end}))")
 
 
+def serving(peers: Sequence[PeerInfo], adapter: str) -> list[PeerInfo]:
+    """The peers whose records list `adapter` among the LoRA adapters they serve (peers/served_adapters.py)."""
+    return [p for p in peers if adapter in p.adapters]
+
+
 def with_room(need: Span, peers: Sequence[PeerInfo], tokens: int) -> list[PeerInfo]:
     """The peers of `peers` (which cover `need`) with KV-cache room for `tokens`.
 

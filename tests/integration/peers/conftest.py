@@ -43,7 +43,13 @@ def stubs(peer_servers: list[PeerServer]) -> Iterator[list[pb_grpc.PeerStub]]:
 
 def announce(server: PeerServer, registry: Registry) -> Announcer:
     def describe() -> PeerInfo:
-        return peer_info(server, model="smollm2-135m", total_blocks=30, cache_tokens_free=server.pool.tokens_free)
+        return peer_info(
+            server,
+            model="smollm2-135m",
+            total_blocks=30,
+            cache_tokens_free=server.pool.tokens_free,
+            adapters=server.service.served.names(),  # as peers/actor.py's info() reports them to the daemon
+        )
 
     announcer = Announcer(registry, describe, period_s=5, ttl_s=30)
     announcer.start()

@@ -213,8 +213,8 @@ def _codec_ok(choice: pb.CodecChoice) -> bool:
 def _open_ok(opening: pb.InferenceOpen) -> bool:
     if opening.protocol_version != pb.PROTOCOL_VERSION_CURRENT or not _blocks_ok(opening):
         return False
-    if not 1 <= opening.max_length <= FUZZ.max_session_length or opening.batch_size < 1:
-        return False
+    if not 1 <= opening.max_length <= FUZZ.max_session_length or opening.batch_size < 1 or opening.adapter:
+        return False  # the fuzzed peers serve no named adapter
     # The engine admits a session whose every sequence could grow to max_length within the whole pool, in pages.
     pages = opening.batch_size * -(-opening.max_length // FUZZ.page_size)
     fits = pages <= -(-FUZZ.cache_tokens // FUZZ.page_size)

@@ -3,11 +3,13 @@ or the machine run before anything starts; the library checks its arguments the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from peers.config import PeerConfig
 from swarm.cli import build_parser, main
 from swarm.client.arguments import check_session_shape, checked_input_ids
 from swarm.client.generate import GenerationParams
@@ -79,6 +81,19 @@ def test_checks_against_the_model_run_before_anything_starts(
 ) -> None:
     assert main([*args, "--open", "--model", str(smollm2_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_adapters_are_checked_before_anything_starts(smollm2_path: Path, tmp_path: Path, capsys) -> None:
+    join = ["peer", "join", "--open", "--model", str(smollm2_path), "--adapters"]
+    assert main([*join, str(tmp_path / "none")]) == 2
+    assert f"--adapters: {tmp_path / 'none'} is not a directory" in capsys.readouterr().err
+    (tmp_path / "chat").mkdir()
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "use_dora": True, "target_modules": ["q_proj"]}
+    (tmp_path / "chat" / "adapter_config.json").write_text(json.dumps(config))
+    assert main([*join, str(tmp_path)]) == 2
+    assert "chat/adapter_config.json" in capsys.readouterr().err
+    ns = build_parser().parse_args([*JOIN, "--adapters", str(tmp_path)])
+    assert PeerConfig.from_args(ns).server.adapters == str(tmp_path)
 
 
 def test_a_missing_checkpoint_names_the_flag_and_the_directory(tmp_path: Path, capsys) -> None:
