@@ -7,10 +7,15 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
+from swarm.errors import SwarmError
 from swarm.ray_reaper import TAG_VARIABLE, start_reaper
+
+CLIENT_CONNECT_TIMEOUT_S = 5.0  # a Ray Client address that does not answer a TCP connect within this is unreachable
 
 
 def connect_ray(address: str | None) -> None:
@@ -31,13 +36,38 @@ def connect_ray(address: str | None) -> None:
     common = {"logging_level": logging.WARNING, "log_to_driver": False}
     with _signals_held():
         if address is not None:
-            ray.init(address=address, **common)
+            check_client_address(address)
+            try:
+                ray.init(address=address, **common)
+            except ConnectionError as error:
+                raise SwarmError(f"cannot connect to the Ray cluster at {address}: {error}") from error
             return
         os.environ[TAG_VARIABLE] = start_reaper()  # inherited by Ray's processes, and by theirs
         try:
             ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, **common)
         finally:
             del os.environ[TAG_VARIABLE]  # what this process starts later (the DHT node) dies with it on its own
+
+
+def check_client_address(address: str) -> None:
+    """For a Ray Client address (ray://HOST:PORT), raise SwarmError at once when nothing listens there (Ray itself
+    retries for 30 s, then says only "ray client connection timeout")."""
+    if not address.startswith("ray://"):
+        return
+    try:
+        parts = urlsplit(address)
+        host, port = parts.hostname, parts.port or 10001  # Ray's default Ray Client port
+    except ValueError:
+        host = None
+    if not host:
+        raise SwarmError(f"Ray Client address {address!r} is not ray://HOST[:PORT]")
+    try:
+        socket.create_connection((host, port), timeout=CLIENT_CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise SwarmError(
+            f"cannot reach the Ray Client server at {address} ({error}): is the cluster's head up "
+            "(`ray start --head --ray-client-server-port PORT`) and the port open to this machine?"
+        ) from None
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 parameters (a LoRA adapter, or prompt embeddings) and the optimizer stay with the client.
 
 config.py: FinetuneConfig (the JOB.yaml of `swarm finetune`); data.py: JSONL/text datasets cut into padded batches;
-trainer.py: FineTuner (one optimizer step per batch, LoRA or prompt tuning) and `run_finetune`.
+trainer.py: FineTuner (one optimizer step per batch, LoRA or prompt tuning); job.py: run_job (a whole job: train, save,
+summarise); remote.py: run_on_ray (the same job in a Ray actor on a cluster, through Ray Client).
 """
 
 from __future__ import annotations
