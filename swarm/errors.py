@@ -26,7 +26,10 @@ class LimitExceeded(Overloaded):
 
     def __init__(self, limit: str, message: str) -> None:
         super().__init__(f"limit {limit} exceeded: {message}")
-        self.limit = limit
+        self.limit, self.message = limit, message
+
+    def __reduce__(self) -> tuple:  # pickled with both arguments: raised in a Ray actor, it arrives as itself
+        return type(self), (self.limit, self.message)
 
 
 class SessionLost(SwarmError):
@@ -57,7 +60,10 @@ class InvalidArgument(InvalidRequest, ValueError):
 
     def __init__(self, argument: str, message: str) -> None:
         super().__init__(f"{argument}: {message}")
-        self.argument = argument
+        self.argument, self.message = argument, message
+
+    def __reduce__(self) -> tuple:  # pickled with both arguments: raised in a Ray actor, it arrives as itself
+        return type(self), (self.argument, self.message)
 
 
 class UnknownCodecError(InvalidRequest):
@@ -75,7 +81,10 @@ class InvalidOutput(SwarmError):
 
     def __init__(self, check: str, message: str) -> None:
         super().__init__(f"{check} check failed: {message}")
-        self.check = check
+        self.check, self.message = check, message
+
+    def __reduce__(self) -> tuple:  # pickled with both arguments: raised in a Ray actor, it arrives as itself
+        return type(self), (self.check, self.message)
 
 
 class CheckpointError(SwarmError):

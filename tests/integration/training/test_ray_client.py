@@ -1,6 +1,7 @@
 """A training job submitted to a Ray head started with `ray start --head`, through Ray Client and with
-`ray job submit`: both train and report their loss. The head's processes are stopped by PID (never `ray stop`,
-which would stop every Ray on the machine)."""
+`ray job submit`: both train and report their loss; a LoRA fine-tuning job through Ray Client, whose adapter comes
+back to this machine and loads in peft. The head's processes are stopped by PID (never `ray stop`, which would stop
+every Ray on the machine)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
 
+FINETUNE_DATA = Path(__file__).resolve().parents[2] / "data" / "finetune_tags.jsonl"
 AGENT_PORT_FLAGS = (
     "dashboard-agent-listen-port",
     "dashboard-agent-grpc-port",
@@ -121,3 +124,81 @@ def test_the_same_job_runs_under_ray_job_submit(ray_head, make_config, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "succeeded" in result.stdout.lower(), result.stdout[-3000:]
     _summary(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def smollm2_swarm(smollm2_path: Path) -> Iterator[list[str]]:
+    """Two SmolLM2 peers in this process, announced in an open DHT on 127.0.0.1: the swarm that the cluster's
+    fine-tuning actor trains through. Yields the DHT's addresses."""
+    from peers.server import ServerConfig
+    from swarm.registry import Announcer, Registry
+    from swarm.security import SwarmCredentials
+
+    from ..peers.wire import peer_info, smollm2_halves
+
+    config = ServerConfig(cache_tokens=1024, max_session_length=256, credentials=SwarmCredentials.open())
+    with smollm2_halves(smollm2_path, config, "rc-peer", model="smollm2") as servers:
+        registry = Registry(credentials=SwarmCredentials.open())
+        announcers = []
+        try:
+            for server in servers:
+                info = lambda s=server: peer_info(s, model="smollm2-135m", total_blocks=30)  # noqa: E731
+                announcers.append(Announcer(registry, info, period_s=5, ttl_s=30))
+                announcers[-1].start()
+            yield registry.addresses
+        finally:
+            for announcer in announcers:
+                announcer.stop()
+            registry.shutdown()
+
+
+def _finetune(job: dict, tmp_path: Path, client: str, env: dict) -> subprocess.CompletedProcess:
+    job_file = tmp_path / "finetune.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    for _attempt in range(3):  # see test_job_through_ray_client_trains_and_reports_loss
+        result = subprocess.run(
+            [sys.executable, "-m", "swarm", "finetune", str(job_file), "--ray-address", client],
+            env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        if "Initialization failure from server" not in result.stderr:
+            return result
+    return result
+
+
+@pytest.mark.timeout(300)
+def test_finetune_through_ray_client_brings_the_adapter_back(ray_head, smollm2_swarm, smollm2_path, tmp_path):
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    addresses, env = ray_head
+    out = tmp_path / "adapter"  # this machine's: the actor saves on the cluster, the files come back here
+    job = {
+        "model": str(smollm2_path),  # the same path on the cluster (here the same machine)
+        "initial_peers": smollm2_swarm,
+        "credentials": "open",
+        "dataset": str(FINETUNE_DATA),  # read here, shipped with the job
+        "method": "lora",
+        "steps": 3,
+        "batch_size": 4,
+        "max_length": 32,
+        "lr": 0.005,
+        "output_dir": str(out),
+    }
+    result = _finetune(job, tmp_path, addresses["client"], env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "step 3/3 loss=" in result.stderr and "samples/s=" in result.stderr  # the progress, polled from the actor
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["ran_on"] == "ray" and summary["steps"] == 3 and summary["output_dir"] == str(out)
+    assert 0 < summary["final_loss"] < 20
+    tensors = load_file(out / "adapter_model.safetensors")
+    assert any(name.endswith("lora_B.weight") and t.abs().sum() > 0 for name, t in tensors.items())  # it trained
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path))
+    tuned = PeftModel.from_pretrained(base, str(out))
+    assert tuned(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.shape[-1] == base.config.vocab_size
+
+    job["model"] = "/nonexistent/model"
+    result = _finetune(job, tmp_path, addresses["client"], env)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "must exist on the cluster" in result.stderr, result.stderr[-3000:]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pickle
+
 import grpc
 import pytest
 
@@ -34,3 +36,18 @@ def test_client_side_mapping_inverts_the_table_for_retryable_classes() -> None:
         rebuilt = errors.error_for(code, "details")
         assert isinstance(rebuilt, error_type) and "details" in str(rebuilt)
     assert type(errors.error_for(grpc.StatusCode.INTERNAL, "boom")) is errors.SwarmError
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.InvalidArgument("model", "missing"),
+        errors.LimitExceeded("sessions", "2 > 1"),
+        errors.InvalidOutput("nan", "x"),
+    ],
+)
+def test_errors_with_two_arguments_pickle_as_themselves(error: errors.SwarmError) -> None:
+    """What a Ray actor raises travels pickled: it must arrive as the same class with the same message."""
+    rebuilt = pickle.loads(pickle.dumps(error))
+    assert type(rebuilt) is type(error) and str(rebuilt) == str(error)
+    assert rebuilt.__dict__ == error.__dict__
