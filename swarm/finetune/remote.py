@@ -77,7 +77,9 @@ def run_on_ray(
     the adapter under `config.output_dir` here and returns the summary (its output_dir names the local one)."""
     import ray
 
-    actor = ray.remote(FinetuneRun).options(num_cpus=1, max_concurrency=2).remote()
+    # num_cpus=0, as the trainers of `swarm train`: the client's share of the compute (embeddings, head, loss) is
+    # small, and a cluster whose CPUs its peers hold must not leave the job pending with no word.
+    actor = ray.remote(FinetuneRun).options(num_cpus=0, max_concurrency=2).remote()
     try:
         done = actor.run.remote(config, list(examples), credentials)
         finished = False
