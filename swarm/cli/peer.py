@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=ray_resources,
         default=None,
         help="custom Ray resources the stage actor needs, as JSON, e.g. '{\"node1\": 1}' to pin it to a node",
+    )
+    join.add_argument(
+        "--ray-dashboard",
+        action="store_true",
+        help="start the local Ray with its dashboard, API server and monitors (default: only what runs the stage "
+        "actor); Ray's usage statistics stay off unless RAY_USAGE_STATS_ENABLED=1",
     )
     join.set_defaults(run=run_join)
 
@@ -193,16 +200,18 @@ def run_join(ns: argparse.Namespace) -> int:
     config = PeerConfig.from_args(ns)
     check_before_start(ns)
     with StopSignals() as signals:
-        return _join(config, ns.ray_address, signals)
+        return _join(config, ns.ray_address, signals, dashboard=ns.ray_dashboard)
 
 
-def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals) -> int:
+def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, dashboard: bool = False) -> int:
     from peers.daemon import PeerDaemon, drain
     from peers.launch import published_initial_peers
     from swarm.ray_cluster import connect_ray
     from swarm.registry import Registry
 
-    connect_ray(ray_address)
+    phases = StartPhases()
+    connect_ray(ray_address, lean=True, dashboard=dashboard)
+    phases.done("Ray")
     if ray_address and not config.initial_peers:
         config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
     registry = Registry(
@@ -211,13 +220,16 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals) -> 
         announce_host=config.announce_host,
         credentials=config.server.credentials,
     )
+    phases.done("DHT node")
     try:
         daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
         try:
             daemon.launch()
             with waiting(f"stage actor loading blocks {daemon.span} of {config.name}"):
                 info = daemon.wait_serving()
+            phases.done("stage actor")
             _print_serving(info, config.name)
+            print(phases.summary(info["load_s"]), flush=True)
             stopped = signals.wait(daemon.alive)
         finally:
             finished = drain([daemon], timeout_s=config.drain_grace_s + 30)  # a start cut short: nothing to drain
@@ -234,6 +246,24 @@ def _print_serving(info: dict, name: str) -> None:
     start, end = info["span"]
     print(f"peer {info['peer_id']} serving blocks [{start}, {end}) of {name} at {info['address']}", flush=True)
     print(f"metrics at http://{info['metrics_address']}/metrics; stage actor pid {info['pid']}", flush=True)
+
+
+class StartPhases:
+    """How long each part of the start took, from the process' start, for the line printed once serving."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._last = time.monotonic()
+        self.seconds = {"Python and imports": time.time() - psutil.Process().create_time()}
+
+    def done(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase], self._last = now - self._last, now
+
+    def summary(self, load_s: float) -> str:
+        parts = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.seconds.items())
+        return f"started in {sum(self.seconds.values()):.1f} s ({parts}; weights loaded in {load_s:.2f} s)"
 
 
 def check_before_start(ns: argparse.Namespace) -> None:
