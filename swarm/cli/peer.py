@@ -35,6 +35,7 @@ from swarm.progress import waiting
 
 if TYPE_CHECKING:  # imported when the command runs: `swarm --help` does not load torch
     from peers.config import PeerConfig
+    from swarm.registry import Registry
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -210,10 +211,10 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
     from swarm.registry import Registry
 
     phases = StartPhases()
-    connect_ray(ray_address, lean=True, dashboard=dashboard)
-    phases.done("Ray")
     if ray_address and not config.initial_peers:
+        connect_ray(ray_address)
         config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
+    # The DHT node first: hivemind forks it, and a fork before Ray starts copies less and forks no Ray threads.
     registry = Registry(
         config.initial_peers,
         host=config.host,
@@ -222,6 +223,8 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
     )
     phases.done("DHT node")
     try:
+        connect_ray(ray_address, lean=True, dashboard=dashboard)
+        phases.done("Ray")
         daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
         try:
             daemon.launch()
@@ -229,6 +232,7 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
                 info = daemon.wait_serving()
             phases.done("stage actor")
             _print_serving(info, config.name)
+            _check_reachable(registry, info)
             print(phases.summary(info["load_s"]), flush=True)
             stopped = signals.wait(daemon.alive)
         finally:
@@ -240,6 +244,22 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
         return 0
     finally:
         registry.shutdown()
+
+
+def _check_reachable(registry: Registry, info: dict) -> None:
+    """Tell the operator at once when the address announced for clients is one others cannot connect to."""
+    host, _, port = info["address"].rpartition(":")
+    report = registry.check_reachable(host.strip("[]"), int(port), f"peer {info['peer_id']}")
+    via = "this machine" if report.via == "itself" else f"DHT node {report.via}"
+    if not report.reachable:
+        print(
+            f"warning: {via} cannot connect to {report.address} ({report.error or 'refused'}): clients will not "
+            "reach this peer; pass --announce-host with an address others can dial, and check that the port is open",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        print(f"{report.address} is reachable from {via}", flush=True)
 
 
 def _print_serving(info: dict, name: str) -> None:
