@@ -28,7 +28,7 @@ from swarm.cli._arguments import (
     positive,
 )
 from swarm.cli._credentials import add_credential_flags
-from swarm.cli._daemon import StopSignals
+from swarm.cli._daemon import StopSignals, no_shared_memory_manager
 from swarm.cli._hosts import add_host_flags, check_announced
 from swarm.errors import InvalidArgument
 from swarm.progress import waiting
@@ -205,17 +205,13 @@ def run_join(ns: argparse.Namespace) -> int:
 
 
 def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, dashboard: bool = False) -> int:
-    import torch.multiprocessing
-
     from peers.daemon import PeerDaemon, drain
     from peers.launch import published_initial_peers
     from swarm.ray_cluster import connect_ray
     from swarm.registry import Registry
 
     phases = StartPhases()
-    # hivemind shares its futures' state bytes with the "file_system" strategy, whose tensors need torch's
-    # shared-memory manager, a process of its own (60 MiB); file descriptors (torch's default here) need none.
-    torch.multiprocessing.set_sharing_strategy("file_descriptor")
+    no_shared_memory_manager()
     if ray_address and not config.initial_peers:
         connect_ray(ray_address)
         config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
