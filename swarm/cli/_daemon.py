@@ -72,6 +72,7 @@ def no_shared_memory_manager() -> None:
     shared-memory manager, a process of its own (60 MiB resident); file descriptors (torch's default on Linux) need
     none. For the commands whose only hivemind use is a DHT node (`swarm dht`, `swarm peer join`); call it before
     the node starts. Training keeps hivemind's choice: its averagers share every parameter tensor."""
+    import hivemind.utils.mpfuture  # noqa: F401  (sets hivemind's strategy as it is imported: ours must come after)
     import torch.multiprocessing
 
     torch.multiprocessing.set_sharing_strategy("file_descriptor")
