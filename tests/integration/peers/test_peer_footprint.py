@@ -1,6 +1,7 @@
 """A `swarm peer join` that starts its own Ray runs only what its stage actor needs (issue 15, item 6): no dashboard,
 no API server, no autoscaler or log monitor, no idle worker, and Ray's usage statistics off; `--ray-dashboard`
-brings the dashboard back. Real processes: a `swarm dht` bootstrap and the peer, 2 blocks of SmolLM2."""
+brings the dashboard back. Once serving, it has its address checked through the bootstrap (item 1), and is told
+when nothing answers there. Real processes: a `swarm dht` bootstrap and the peer, 2 blocks of SmolLM2."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def peer_tree(bootstrap: str, smollm2_path: Path, *flags: str) -> tuple[list[str
     )
     try:
         peer.wait_for(r"serving blocks \[0, 2\)", 180)
+        peer.wait_for(r"127\.0\.0\.1:\d+ is reachable from DHT node \w+", 30)  # asked of the bootstrap
         peer.wait_for(r"started in [0-9.]+ s \(.*weights loaded in", 10)
         root = psutil.Process(peer.process.pid)
         processes = [root, *root.children(recursive=True)]
@@ -58,3 +60,18 @@ def test_ray_dashboard_flag_starts_the_dashboard(bootstrap: str, smollm2_path: P
     commands, environment = peer_tree(bootstrap, smollm2_path, "--ray-dashboard")
     assert [command for command in commands if "dashboard/dashboard.py" in command], commands
     assert environment.get("RAY_USAGE_STATS_ENABLED") == "0"
+
+
+def test_a_peer_announcing_an_address_nothing_listens_on_is_told_at_start(bootstrap: str, smollm2_path: Path) -> None:
+    """It listens on 127.0.0.1 and announces 127.0.0.9, where nothing listens: the bootstrap's dial fails."""
+    peer = Daemon(
+        "peer", "join", "--open", "--model", str(smollm2_path), "--blocks", "0:2", "--initial-peers", bootstrap,
+        "--announce-host", "127.0.0.9",
+    )  # fmt: skip
+    try:
+        peer.wait_for(r"serving blocks \[0, 2\) of .* at 127\.0\.0\.9:\d+", 180)
+        warning = peer.wait_for(r"warning: DHT node \w+ cannot connect to 127\.0\.0\.9:\d+ .*--announce-host", 30)
+        assert "clients will not reach this peer" in warning.string
+        assert peer.terminate(timeout_s=60) == 0
+    finally:
+        peer.kill()
