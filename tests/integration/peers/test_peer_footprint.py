@@ -72,6 +72,7 @@ def test_a_peer_announcing_an_address_nothing_listens_on_is_told_at_start(bootst
         peer.wait_for(r"serving blocks \[0, 2\) of .* at 127\.0\.0\.9:\d+", 180)
         warning = peer.wait_for(r"warning: DHT node \w+ cannot connect to 127\.0\.0\.9:\d+ .*--announce-host", 30)
         assert "clients will not reach this peer" in warning.string
+        peer.wait_for(r"started in [0-9.]+ s", 10)  # the last line before it serves; a SIGTERM earlier stops a start
         assert peer.terminate(timeout_s=60) == 0
     finally:
         peer.kill()
