@@ -38,6 +38,7 @@ bench: $(MODEL_READY)
 	$(PY) -m benchmarks.wan --model $(MODEL)
 	$(PY) -m benchmarks.speculative --model $(MODEL)
 	$(PY) -m benchmarks.quant --model $(MODEL)
+	$(PY) -m benchmarks.peer_footprint --model $(MODEL)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

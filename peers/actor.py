@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 
@@ -31,7 +32,9 @@ class StagePeer:
         self.config, self.peer_id, self.span = config, peer_id, span
         torch.set_num_threads(config.threads or os.cpu_count() or 1)
         dtype = TORCH_DTYPES[config.dtype]
+        started = time.monotonic()
         blocks = load_span(config.model_path, span.start, span.end, dtype, config.device, quant=config.quant)
+        self.load_s = time.monotonic() - started  # reported apart from the start: it grows with the model
         toward = multiaddr_host(config.initial_peers[0]) if config.initial_peers else None
         self.server = PeerServer(blocks, config.server, peer_id=peer_id, model=config.name, announce_toward=toward)
         self.server.measure_throughput()
@@ -57,6 +60,7 @@ class StagePeer:
             "metrics_address": self.metrics_address,
             "adapters": list(server.service.served.names()),
             "pid": os.getpid(),
+            "load_s": self.load_s,
         }
 
     def drain(self) -> bool:

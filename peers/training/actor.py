@@ -10,6 +10,7 @@ helpers are made to die with the actor (swarm/registry/fork_guard.py) so Ray sti
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -31,9 +32,10 @@ from peers.training.stage_model import load_stage_model
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.channels import PeerStubs
+from swarm.errors import InvalidRequest
 from swarm.registry import Announcer, Registry
 from swarm.registry.fork_guard import die_with_parent_on_fork
-from swarm.registry.hosts import join_host_port, multiaddr_host, warn_if_unreachable
+from swarm.registry.hosts import join_host_port, multiaddr_host
 from swarm.training.checkpoints import latest_stage_checkpoint, read_stage_checkpoint, write_stage_checkpoint
 from swarm.training.config import TrainConfig
 from swarm.types import PeerInfo, PeerState, Span
@@ -132,6 +134,7 @@ class TrainingStagePeer:
 
     def _serve(self) -> tuple[grpc.Server, str]:
         options = [
+            ("grpc.so_reuseport", 0),  # a port another replica holds is taken, not shared between the two
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
@@ -141,10 +144,29 @@ class TrainingStagePeer:
         health_servicer = health.HealthServicer()
         health_servicer.set("rayswarm.v1.TrainingStage", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        port = self.config.credentials.add_port(server, self.config.hosts.bind_address(0))
+        try:
+            port = self._bind(server)
+        except InvalidRequest:  # no port free: what started so far (hivemind's processes) stops with it
+            self.replica.optimizer.shutdown()
+            self.registry.shutdown()
+            raise
         server.start()
-        warn_if_unreachable(self.announced_host, port, f"stage {self.stage} replica {self.peer_id}")
+        self.registry.check_reachable(self.announced_host, port, f"stage {self.stage} replica {self.peer_id}")
         return server, join_host_port(self.announced_host, port)
+
+    def _bind(self, server: grpc.Server) -> int:
+        """Listen on the first port of `stage_port` that is free (any free port for 0).
+
+        Raises:
+            InvalidRequest: none of them is free, naming stage_port.
+        """
+        ports = self.config.stage_ports
+        for port in ports:
+            with contextlib.suppress(RuntimeError):  # grpcio raises on a port it cannot bind
+                if bound := self.config.credentials.add_port(server, self.config.hosts.bind_address(port)):
+                    return bound
+        first, last = ports[0], ports[-1]
+        raise InvalidRequest(f"stage_port: no port of {first}-{last} is free on {self.config.host}")
 
     def describe(self) -> PeerInfo:
         counters = self.replica.counters

@@ -1,6 +1,7 @@
 """Shared by the long-running commands: SIGINT (Ctrl-C) and SIGTERM, from before the command starts anything until
 it returns. Once it serves, the first one stops it in order (it drains, exits 0); while it starts, or a second time,
-one interrupts it where it is (it cleans up what it started and exits 128 + the signal's number, in `main`)."""
+one interrupts it where it is (it cleans up what it started and exits 128 + the signal's number, in `main`).
+Also no_shared_memory_manager, for the commands that run a DHT node."""
 
 from __future__ import annotations
 
@@ -64,3 +65,14 @@ class StopSignals:
             return True
         finally:
             self._waiting = False
+
+
+def no_shared_memory_manager() -> None:
+    """hivemind shares its futures' state bytes with torch's "file_system" strategy, whose tensors need torch's
+    shared-memory manager, a process of its own (60 MiB resident); file descriptors (torch's default on Linux) need
+    none. For the commands whose only hivemind use is a DHT node (`swarm dht`, `swarm peer join`); call it before
+    the node starts. Training keeps hivemind's choice: its averagers share every parameter tensor."""
+    import hivemind.utils.mpfuture  # noqa: F401  (sets hivemind's strategy as it is imported: ours must come after)
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_sharing_strategy("file_descriptor")

@@ -13,7 +13,7 @@ import argparse
 
 from swarm.cli._arguments import add_initial_peers_flag, free_port, port
 from swarm.cli._credentials import add_credential_flags
-from swarm.cli._daemon import StopSignals
+from swarm.cli._daemon import StopSignals, no_shared_memory_manager
 from swarm.cli._hosts import add_host_flags, check_announced
 
 
@@ -34,6 +34,7 @@ def run(ns: argparse.Namespace) -> int:
     credentials = SwarmCredentials.choose(ns.credentials, ns.open)
     free_port(ns.host, ns.dht_port, "--dht-port")
     check_announced(ns.host, ns.announce_host, ns.initial_peers)
+    no_shared_memory_manager()
     with StopSignals() as signals:
         registry = Registry(
             ns.initial_peers, host=ns.host, port=ns.dht_port, announce_host=ns.announce_host, credentials=credentials

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,13 +28,14 @@ from swarm.cli._arguments import (
     positive,
 )
 from swarm.cli._credentials import add_credential_flags
-from swarm.cli._daemon import StopSignals
+from swarm.cli._daemon import StopSignals, no_shared_memory_manager
 from swarm.cli._hosts import add_host_flags, check_announced
 from swarm.errors import InvalidArgument
 from swarm.progress import waiting
 
 if TYPE_CHECKING:  # imported when the command runs: `swarm --help` does not load torch
     from peers.config import PeerConfig
+    from swarm.registry import Registry
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,6 +53,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=ray_resources,
         default=None,
         help="custom Ray resources the stage actor needs, as JSON, e.g. '{\"node1\": 1}' to pin it to a node",
+    )
+    join.add_argument(
+        "--ray-dashboard",
+        action="store_true",
+        help="start the local Ray with its dashboard, API server and monitors (default: only what runs the stage "
+        "actor); Ray's usage statistics stay off unless RAY_USAGE_STATS_ENABLED=1",
     )
     join.set_defaults(run=run_join)
 
@@ -214,7 +222,7 @@ def run_join(ns: argparse.Namespace) -> int:
     config = PeerConfig.from_args(ns)
     check_before_start(ns)
     with StopSignals() as signals:
-        return _join(config, ns.ray_address, signals)
+        return _join(config, ns.ray_address, signals, dashboard=ns.ray_dashboard)
 
 
 def print_memory_plan(config: PeerConfig) -> int:
@@ -229,28 +237,37 @@ def print_memory_plan(config: PeerConfig) -> int:
     return 0
 
 
-def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals) -> int:
+def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, dashboard: bool = False) -> int:
     from peers.daemon import PeerDaemon, drain
     from peers.launch import published_initial_peers
     from swarm.ray_cluster import connect_ray
     from swarm.registry import Registry
 
-    connect_ray(ray_address)
+    phases = StartPhases()
+    no_shared_memory_manager()
     if ray_address and not config.initial_peers:
+        connect_ray(ray_address)
         config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
+    # The DHT node first: hivemind forks it, and a fork before Ray starts copies less and forks no Ray threads.
     registry = Registry(
         config.initial_peers,
         host=config.host,
         announce_host=config.announce_host,
         credentials=config.server.credentials,
     )
+    phases.done("DHT node")
     try:
+        connect_ray(ray_address, lean=True, dashboard=dashboard)
+        phases.done("Ray")
         daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
         try:
             daemon.launch()
             with waiting(f"stage actor loading blocks {daemon.span} of {config.name}"):
                 info = daemon.wait_serving()
+            phases.done("stage actor")
             _print_serving(info, config.name)
+            _check_reachable(registry, info)
+            print(phases.summary(info["load_s"]), flush=True)
             stopped = signals.wait(daemon.alive)
         finally:
             finished = drain([daemon], timeout_s=config.drain_grace_s + 30)  # a start cut short: nothing to drain
@@ -263,10 +280,44 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals) -> 
         registry.shutdown()
 
 
+def _check_reachable(registry: Registry, info: dict) -> None:
+    """Tell the operator at once when the address announced for clients is one others cannot connect to."""
+    host, _, port = info["address"].rpartition(":")
+    report = registry.check_reachable(host.strip("[]"), int(port), f"peer {info['peer_id']}")
+    via = "this machine" if report.via == "itself" else f"DHT node {report.via}"
+    if not report.reachable:
+        print(
+            f"warning: {via} cannot connect to {report.address} ({report.error or 'refused'}): clients will not "
+            "reach this peer; pass --announce-host with an address others can dial, and check that the port is open",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        print(f"{report.address} is reachable from {via}", flush=True)
+
+
 def _print_serving(info: dict, name: str) -> None:
     start, end = info["span"]
     print(f"peer {info['peer_id']} serving blocks [{start}, {end}) of {name} at {info['address']}", flush=True)
     print(f"metrics at http://{info['metrics_address']}/metrics; stage actor pid {info['pid']}", flush=True)
+
+
+class StartPhases:
+    """How long each part of the start took, from the process' start, for the line printed once serving."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._last = time.monotonic()
+        self.seconds = {"Python and imports": time.time() - psutil.Process().create_time()}
+
+    def done(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase], self._last = now - self._last, now
+
+    def summary(self, load_s: float) -> str:
+        parts = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.seconds.items())
+        return f"started in {sum(self.seconds.values()):.1f} s ({parts}; weights loaded in {load_s:.2f} s)"
 
 
 def check_before_start(ns: argparse.Namespace) -> None:

@@ -28,6 +28,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--export", type=Path, help="after training, write a Hugging Face checkpoint here")
     add_credential_flags(train)  # override the config's `credentials`
     add_host_flags(train, default=None, what="stages, trainers and the DHT nodes")  # override `host`/`announce_host`
+    train.add_argument(
+        "--stage-port",
+        metavar="PORT|FIRST-LAST",
+        help="gRPC port of the stage replicas, or a range whose first free port each takes (overrides `stage_port`; "
+        "default: any free port)",
+    )
     train.set_defaults(run=run_train)
     export = subparsers.add_parser("export", help="reassemble a Hugging Face checkpoint from stage checkpoints")
     export.add_argument("--checkpoint-dir", type=Path, required=True, help="the run's checkpoint.dir")
@@ -50,7 +56,12 @@ def run_train(ns: argparse.Namespace) -> int:
 
     credentials = "open" if ns.open else (str(ns.credentials) if ns.credentials else None)
     config = load_config(
-        ns.config, steps=ns.steps, credentials=credentials, host=ns.host, announce_host=ns.announce_host
+        ns.config,
+        steps=ns.steps,
+        credentials=credentials,
+        host=ns.host,
+        announce_host=ns.announce_host,
+        stage_port=ns.stage_port,
     )
     connect_ray(ns.ray_address or os.environ.get("RAY_ADDRESS"))
     job = TrainingJob(config)

@@ -15,7 +15,7 @@ callers pass, checked.
 from __future__ import annotations
 
 from swarm.client.metrics import ClientMetrics
-from swarm.client.model import DistributedModelForCausalLM, ModelSession
+from swarm.client.model_session import ModelSession
 from swarm.client.sequential import RemoteSequential
 from swarm.client.session import InferenceSession
 from swarm.client.span_session import SpanSession
@@ -28,3 +28,13 @@ __all__ = [
     "RemoteSequential",
     "SpanSession",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """DistributedModelForCausalLM is imported on first use: it pulls in transformers, which the modules a peer
+    imports from here (lora.py) never need."""
+    if name == "DistributedModelForCausalLM":
+        from swarm.client.model import DistributedModelForCausalLM
+
+        return DistributedModelForCausalLM
+    raise AttributeError(f"module 'swarm.client' has no attribute {name!r}")

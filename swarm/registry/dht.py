@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from swarm.errors import PeerUnavailable
+from swarm.registry import reachability
 from swarm.registry.addresses import initial_peer_list
-from swarm.registry.hosts import LOOPBACK, HostConfig, free_port, multiaddr, multiaddr_host, warn_if_unreachable
+from swarm.registry.hosts import LOOPBACK, HostConfig, free_port, multiaddr, multiaddr_host
 from swarm.registry.records import InvalidRecord, from_dht, to_dht
 from swarm.registry.signing import RecordSigning, split_subkey
 from swarm.security import SwarmCredentials
@@ -43,21 +44,21 @@ def dht_multiaddrs(hosts: HostConfig, port: int, initial_peers: list[str]) -> tu
     return [multiaddr(hosts.host, port)], [multiaddr(announced, port)]
 
 
-def self_check(addresses: list[str]) -> None:
-    """Warn if this node cannot connect to the first address it announces (swarm/registry/hosts.py)."""
-    for address in addresses[:1]:
-        parts = address.split("/")
-        host = multiaddr_host(address)
-        if host is not None and "tcp" in parts and parts.index("tcp") + 1 < len(parts):
-            warn_if_unreachable(host, int(parts[parts.index("tcp") + 1]), "DHT node")
+def multiaddr_host_port(address: str) -> tuple[str, int] | None:
+    """(host, TCP port) of a multiaddress, or None."""
+    parts, host = address.split("/"), multiaddr_host(address)
+    if host is not None and "tcp" in parts and parts.index("tcp") + 1 < len(parts):
+        return host, int(parts[parts.index("tcp") + 1])
+    return None
 
 
 class Registry:
     """One DHT node. `client_mode` nodes read and write but are not stored on by others (for status, clients).
 
     It listens on `host` and announces `announce_host` (swarm/registry/hosts.py; a wildcard `host` announces the
-    address routed toward the first initial peer). A node others store on checks at start that it can connect to
-    its own announced address, and warns if not.
+    address routed toward the first initial peer). A node others store on answers other nodes' reachability
+    checks, and checks at start, through its first initial peer, that others can connect to its announced address,
+    and warns if not.
     `credentials` of a private swarm make this node refuse, and its reads skip, records of non-members;
     `signing_key` (a hivemind RSAPrivateKey) replaces hivemind's process-wide RSA key (for tests that play
     several writers in one process).
@@ -95,8 +96,17 @@ class Registry:
             )
         except Exception as error:  # hivemind raises P2PDaemonError, ValueError, TimeoutError...
             raise PeerUnavailable(f"cannot join the DHT through {initial_peers}: {error}") from error
+        self.initial_peers = initial_peers
         if not client_mode:
-            self_check(self.addresses)
+            reachability.serve(self.dht)
+            announced = multiaddr_host_port(self.addresses[0]) if self.addresses else None
+            if announced is not None:
+                self.check_reachable(*announced, what="DHT node")
+
+    def check_reachable(self, host: str, port: int, what: str) -> reachability.Reachability:
+        """Whether others can connect to host:port, asked of another DHT node (swarm/registry/reachability.py);
+        logs a warning naming --announce-host when they cannot."""
+        return reachability.check(self.dht, host, port, self.initial_peers, what)
 
     @property
     def addresses(self) -> list[str]:

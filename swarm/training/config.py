@@ -15,6 +15,7 @@ averaging, checkpoints. Unknown keys are refused by name, so a typo never silent
     checkpoint: {dir: ckpt, every: 20}
     host: 0.0.0.0                 # stages, trainers and DHT nodes listen on every interface (default 127.0.0.1);
                                   # each announces its machine's routed address, or `announce_host: ADDRESS`
+    stage_port: 7000-7009         # stage replicas' gRPC ports: the first free one of the range (default 0: any)
 """
 
 from __future__ import annotations
@@ -106,10 +107,18 @@ class TrainConfig:
     # what they announce; "": `host`, or for 0.0.0.0 the address each actor's machine routes toward the DHT by (the
     # right choice when Ray spreads the actors over machines). A fixed address suits a job on one machine only.
     announce_host: str = ""
+    # the port each stage replica's gRPC server binds: 0, any free one; N; or "FIRST-LAST", the first free one of
+    # that range (a firewall's opening that several replicas on one machine share)
+    stage_port: int | str = 0
 
     @property
     def hosts(self) -> HostConfig:
         return HostConfig(self.host, self.announce_host)
+
+    @property
+    def stage_ports(self) -> range:
+        """The ports a stage replica tries in order (range(0, 1): any free port)."""
+        return port_range(self.stage_port, "stage_port")
 
     @property
     def codec_id(self) -> CodecId:
@@ -134,6 +143,20 @@ class TrainConfig:
         if [start for start, _ in spans] != ends[:-1] or ends[-1] != total_blocks:
             raise InvalidRequest(f"stages {spans} must tile blocks [0, {total_blocks}) in order without gaps")
         return spans
+
+
+def port_range(value: int | str, name: str) -> range:
+    """N or "FIRST-LAST" (inclusive) as a range of ports; 0 is any free port.
+
+    Raises:
+        InvalidRequest: naming `name`, for anything else.
+    """
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", text)
+    first, last = (int(match[1]), int(match[2] or match[1])) if match else (-1, -1)
+    if not (0 <= first <= last <= 65535) or (first == 0 and last != 0):
+        raise InvalidRequest(f"{name} must be a port (0: any free port) or FIRST-LAST, 1-65535, got {value!r}")
+    return range(first, last + 1)
 
 
 def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:
@@ -207,6 +230,7 @@ def _check(config: TrainConfig) -> None:
     check_bind_host(config.host, "host")
     if config.announce_host:
         check_announce_host(config.announce_host, "announce_host")
+    port_range(config.stage_port, "stage_port")
     if config.codec not in CodecId.__members__:
         raise InvalidRequest(f"config: codec {config.codec!r} is not one of {sorted(CodecId.__members__)}")
     if config.averaging.compression not in AVERAGING_COMPRESSIONS:

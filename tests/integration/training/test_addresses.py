@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 
 import pytest
 
@@ -56,13 +57,38 @@ def test_stages_announce_the_chosen_addresses_and_the_trainer_reaches_them(swarm
 
 def test_a_node_announcing_an_address_it_cannot_reach_warns_at_start(swarm, caplog) -> None:
     config, bootstrap, _ = swarm
-    with caplog.at_level(logging.WARNING, logger="swarm.registry.hosts"):
+    with caplog.at_level(logging.WARNING, logger="swarm.registry.reachability"):
         node = Registry(
             bootstrap.addresses, host="127.0.0.2", announce_host="127.0.0.5", credentials=config.credentials
         )
         node.shutdown()
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "DHT node announces 127.0.0.5:" in warning and "--announce-host" in warning
+    assert "which DHT node " in warning  # checked through the bootstrap, not by dialling itself
+
+
+def test_a_stage_binds_and_announces_the_operators_port(swarm) -> None:
+    """`stage_port` (YAML, `swarm train --stage-port`): a fixed port, or the first free one of a range."""
+    config, _, (first, _) = swarm
+    taken = int(first.address.rsplit(":", 1)[1])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.2", 0))
+        free = probe.getsockname()[1]
+    stage = TrainingStagePeer(dataclasses.replace(config, host="127.0.0.2", stage_port=free), 0, 2, [], "s2")
+    try:
+        assert stage.address == f"127.0.0.2:{free}"
+        socket.create_connection(("127.0.0.2", free), timeout=2).close()
+    finally:
+        stage.stop()
+    spread = dataclasses.replace(config, host="127.0.0.2", stage_port=f"{taken}-{taken + 50}")
+    stage = TrainingStagePeer(spread, 0, 2, [], "s3")
+    try:
+        assert stage.address.startswith("127.0.0.2:") and stage.address != first.address  # the taken one skipped
+        assert taken < int(stage.address.rsplit(":", 1)[1]) <= taken + 50
+    finally:
+        stage.stop()
+    with pytest.raises(Exception, match="stage_port"):
+        TrainingStagePeer(dataclasses.replace(config, host="127.0.0.2", stage_port=taken), 0, 2, [], "s4")
 
 
 def test_a_job_on_ray_announces_its_config_address(make_config, local_ray) -> None:

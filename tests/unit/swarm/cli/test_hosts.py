@@ -101,3 +101,23 @@ def test_job_config_defaults_to_loopback_and_takes_host_and_announce_host(tmp_pa
 def test_job_config_refuses_bad_addresses_by_key(raw: dict, words: str) -> None:
     with pytest.raises(InvalidRequest, match=words):
         config_from_dict({**JOB, **raw})
+
+
+def test_stage_port_from_yaml_cli_and_python(tmp_path: Path) -> None:
+    """`stage_port` in the job's YAML, `swarm train --stage-port` over it, and TrainConfig(stage_port=...)."""
+    assert config_from_dict(dict(JOB)).stage_ports == range(0, 1)  # any free port
+    assert config_from_dict({**JOB, "stage_port": 7000}).stage_ports == range(7000, 7001)
+    assert config_from_dict({**JOB, "stage_port": "7000-7009"}).stage_ports == range(7000, 7010)
+    path = tmp_path / "job.yaml"
+    path.write_text("run_id: r\nmodel: m\ncredentials: open\ndata: {path: d}\nstage_port: 7100-7101\n")
+    assert load_config(path).stage_ports == range(7100, 7102)
+    assert load_config(path, stage_port=None).stage_ports == range(7100, 7102)
+    ns = build_parser().parse_args([*TRAIN, "--stage-port", "7200"])
+    assert load_config(path, stage_port=ns.stage_port).stage_ports == range(7200, 7201)
+    assert build_parser().parse_args(TRAIN).stage_port is None
+
+
+@pytest.mark.parametrize("port", [-1, 65536, "7010-7000", "0-10", "seven", "7000-"])
+def test_stage_port_refuses_what_is_no_port_or_range(port: object) -> None:
+    with pytest.raises(InvalidRequest, match="stage_port must be a port"):
+        config_from_dict({**JOB, "stage_port": port})

@@ -1,0 +1,78 @@
+"""A `swarm peer join` that starts its own Ray runs only what its stage actor needs (issue 15, item 6): no dashboard,
+no API server, no autoscaler or log monitor, no idle worker, and Ray's usage statistics off; `--ray-dashboard`
+brings the dashboard back. Once serving, it has its address checked through the bootstrap (item 1), and is told
+when nothing answers there. Real processes: a `swarm dht` bootstrap and the peer, 2 blocks of SmolLM2."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.integration.daemons import Daemon
+
+NOT_STARTED = ("dashboard/dashboard.py", "autoscaler/_private/monitor.py", "log_monitor.py", "ray::IDLE")
+
+
+@pytest.fixture(scope="module")
+def bootstrap() -> Iterator[str]:
+    daemon = Daemon("dht", "--open")
+    try:
+        yield daemon.wait_for(r"initial peers: (\S+)", 60).group(1)
+        assert daemon.terminate(timeout_s=30) == 0
+    finally:
+        daemon.kill()
+
+
+def peer_tree(bootstrap: str, smollm2_path: Path, *flags: str) -> tuple[list[str], dict[str, str]]:
+    """Start a peer, wait until it serves, and return the command lines of its processes and the environment its
+    Ray head (gcs_server) runs with; the peer is stopped before returning."""
+    peer = Daemon(
+        "peer", "join", "--open", "--model", str(smollm2_path), "--blocks", "0:2", "--initial-peers", bootstrap, *flags
+    )
+    try:
+        peer.wait_for(r"serving blocks \[0, 2\)", 180)
+        peer.wait_for(r"127\.0\.0\.1:\d+ is reachable from DHT node \w+", 30)  # asked of the bootstrap
+        peer.wait_for(r"started in [0-9.]+ s \(.*weights loaded in", 10)
+        root = psutil.Process(peer.process.pid)
+        processes = [root, *root.children(recursive=True)]
+        commands = [" ".join(process.cmdline()) for process in processes]
+        gcs = next(process for process in processes if "gcs_server" in process.name())
+        environment = gcs.environ()
+        assert peer.terminate(timeout_s=60) == 0
+        _, alive = psutil.wait_procs(processes, timeout=15)
+        assert not alive, [process.pid for process in alive]
+        return commands, environment
+    finally:
+        peer.kill()
+
+
+def test_a_peer_starts_ray_without_dashboard_monitors_or_usage_stats(bootstrap: str, smollm2_path: Path) -> None:
+    commands, environment = peer_tree(bootstrap, smollm2_path)
+    assert not [command for command in commands if any(part in command for part in NOT_STARTED)], commands
+    assert sum("ray::StagePeer" in command for command in commands) == 1, commands
+    assert environment.get("RAY_USAGE_STATS_ENABLED") == "0"
+
+
+def test_ray_dashboard_flag_starts_the_dashboard(bootstrap: str, smollm2_path: Path) -> None:
+    commands, environment = peer_tree(bootstrap, smollm2_path, "--ray-dashboard")
+    assert [command for command in commands if "dashboard/dashboard.py" in command], commands
+    assert environment.get("RAY_USAGE_STATS_ENABLED") == "0"
+
+
+def test_a_peer_announcing_an_address_nothing_listens_on_is_told_at_start(bootstrap: str, smollm2_path: Path) -> None:
+    """It listens on 127.0.0.1 and announces 127.0.0.9, where nothing listens: the bootstrap's dial fails."""
+    peer = Daemon(
+        "peer", "join", "--open", "--model", str(smollm2_path), "--blocks", "0:2", "--initial-peers", bootstrap,
+        "--announce-host", "127.0.0.9",
+    )  # fmt: skip
+    try:
+        peer.wait_for(r"serving blocks \[0, 2\) of .* at 127\.0\.0\.9:\d+", 180)
+        warning = peer.wait_for(r"warning: DHT node \w+ cannot connect to 127\.0\.0\.9:\d+ .*--announce-host", 30)
+        assert "clients will not reach this peer" in warning.string
+        peer.wait_for(r"started in [0-9.]+ s", 10)  # the last line before it serves; a SIGTERM earlier stops a start
+        assert peer.terminate(timeout_s=60) == 0
+    finally:
+        peer.kill()
