@@ -55,6 +55,11 @@ class StopSignals:
         self._raised = signum
         raise Interrupted(signum)
 
+    def serving(self) -> None:
+        """From now on a stop signal asks for a drain (wait() then returns True) instead of stopping the start: call
+        it as soon as the service is up, before announcing that on stdout, so that no signal falls in between."""
+        self._waiting = True
+
     def wait(self, alive: Callable[[], bool], period_s: float = 5.0) -> bool:
         """Block until a stop signal (True) or until `alive()` returns False (False)."""
         self._waiting = True

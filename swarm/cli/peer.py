@@ -264,6 +264,7 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
             daemon.launch()
             with waiting(f"stage actor loading blocks {daemon.span} of {config.name}"):
                 info = daemon.wait_serving()
+            signals.serving()
             phases.done("stage actor")
             _print_serving(info, config.name)
             _check_reachable(registry, info)

@@ -27,6 +27,7 @@ from swarm.router import MinLatencyRouter
 from swarm.security import SwarmCredentials
 from swarm.types import Hop, Span
 
+from ..daemons import poll_until
 from .wire import peer_info, smollm2_halves
 
 OPEN = SwarmCredentials.open()
@@ -165,8 +166,9 @@ def test_a_pool_too_small_for_every_session_preempts_and_every_generation_comple
         assert not isinstance(tokens, BaseException), tokens
         assert torch.equal(tokens[: len(expected)], expected)
     assert sum(s.engine.preemptions for s in small_pool_servers) > preempted
-    for server in small_pool_servers:
-        assert server.pool.pages_used == 0
+    for server in small_pool_servers:  # a closed stream frees its pages as the peer reads its end: not at once
+        pool = server.pool
+        poll_until(lambda pool=pool: pool.pages_used == 0, 10, lambda pool=pool: f"{pool.pages_used} pages held")
         counted = server.metrics.registry.get_sample_value("swarm_engine_preemptions_total")
         assert counted == server.engine.preemptions
 
