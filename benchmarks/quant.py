@@ -2,7 +2,9 @@
 
 Run: `python -m benchmarks.quant --model .cache/models/smollm2-135m` (part of `make bench`). For each of fp32, int8
 (LLM.int8) and nf4 (bitsandbytes, swarm/partition/quantize.py):
-- perplexity over tests/data/eval_text.txt (teacher-forced, one sequence), all 30 blocks loaded locally;
+- perplexity over tests/data/eval_text.txt (teacher-forced, one sequence), all 30 blocks loaded locally; for int8
+  also with the activations rounded to int8 as well (`ppl_int8_x_int8_matmul`: stock bitsandbytes on a CPU, and
+  LLM.int8 on a GPU), beside the weights-only int8 a CPU peer computes (swarm/partition/int8_linear.py);
 - bytes per block as loaded, and their ratio to fp32;
 - greedy generation through 2 in-process peers (blocks 0:15 and 15:30, served with those weights, codec NONE):
   tokens/s, and whether the tokens equal the same weights' local greedy run.
@@ -43,6 +45,22 @@ def perplexity(head, span, input_ids: torch.Tensor) -> float:
     return math.exp(-float(logits.log_softmax(-1).gather(-1, input_ids[0, 1:, None]).mean()))
 
 
+def as_stock_int8(span):
+    """The same int8 span computing as stock bitsandbytes does on a CPU (activations rounded to int8 too, what
+    LLM.int8 does on a GPU): swarm/partition/int8_linear.py computes weights-only there. A copy: `span` is kept."""
+    import copy
+
+    import bitsandbytes as bnb
+
+    from swarm.partition.int8_linear import Int8Linear
+
+    stock = copy.deepcopy(span)
+    for layer in stock.modules():
+        if isinstance(layer, Int8Linear):
+            layer.__class__ = bnb.nn.Linear8bitLt
+    return stock
+
+
 @torch.inference_mode()
 def local_greedy(head, span, input_ids: torch.Tensor, new_tokens: int) -> list[int]:
     cache = span.new_cache(1, input_ids.shape[1] + new_tokens)
@@ -80,6 +98,8 @@ def measure(path: Path, quant: str, text_ids: torch.Tensor, prompt_ids: torch.Te
         "ppl": round(perplexity(head, span, text_ids), 4),
         "bytes_per_block": span.parameter_bytes() // (span.end - span.start),
     }
+    if quant == "int8":
+        result["ppl_int8_x_int8_matmul"] = round(perplexity(head, as_stock_int8(span), text_ids), 4)
     expected = local_greedy(head, span, prompt_ids, new_tokens)
     del span
     swarm = swarm_greedy(path, quant, prompt_ids, new_tokens)
@@ -107,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "ppl_nf4": runs["nf4"]["ppl"],
         "ppl_ratio_int8": round(runs["int8"]["ppl"] / fp32["ppl"], 4),
         "ppl_ratio_nf4": round(runs["nf4"]["ppl"] / fp32["ppl"], 4),
+        "ppl_ratio_int8_x_int8_matmul": round(runs["int8"]["ppl_int8_x_int8_matmul"] / fp32["ppl"], 4),
         "bytes_ratio_int8": round(runs["int8"]["bytes_per_block"] / fp32["bytes_per_block"], 4),
         "bytes_ratio_nf4": round(runs["nf4"]["bytes_per_block"] / fp32["bytes_per_block"], 4),
         "eval_tokens": text_ids.shape[1],

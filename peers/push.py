@@ -21,10 +21,17 @@ logger = logging.getLogger(__name__)
 
 _END = object()
 _WAKE = object()  # wakes the serving loop to look at a failure
-PUSH_ANSWER_WAIT_S = 0.1  # how long a peer's answer waits to say whether its push went through
+# A peer's answer waits for its push's outcome (so that a failed push is resent by the client at once) only where
+# pushes to that target are quick: the outcome takes a round trip to the next peer, and the client's token waits
+# for the next peer's answer, which comes about half a round trip plus its compute after the push. On a link
+# slower than PUSH_CONFIRM_WITHIN_S, waiting would make this peer's answer the token's last one (measured: +20 ms
+# per token at 100 ms RTT), so the answer goes at once; a push lost there is found by the client when the next
+# peer is late (swarm/client/pace.py), and it then sends the step itself.
+PUSH_ANSWER_WAIT_S = 0.1  # the longest an answer waits for the outcome of a push expected to be quick
+PUSH_CONFIRM_WITHIN_S = 0.005  # pushes to a target usually done within this: the answer waits for the outcome
 # A push's deadline follows the measured duration of pushes to that target (RTT plus transfer), so a long link is
 # not failed by a constant, and a frozen target holds a push thread only a few of its own round trips. The answer
-# never waits for it (PUSH_ANSWER_WAIT_S), so a generous deadline costs the token nothing.
+# never waits for it past PUSH_ANSWER_WAIT_S, so a generous deadline costs the token nothing.
 PUSH_DEADLINE_ROUND_TRIPS = 4.0
 PUSH_DEADLINE_MIN_S = 0.5
 PUSH_DEADLINE_MAX_S = 10.0
@@ -142,6 +149,12 @@ class PushDeadlines:
             return PUSH_DEADLINE_FIRST_S
         return min(max(PUSH_DEADLINE_ROUND_TRIPS * average, PUSH_DEADLINE_MIN_S), PUSH_DEADLINE_MAX_S)
 
+    def answer_wait_s(self, address: str) -> float:
+        """How long an answer waits for the outcome of a push to `address` (see PUSH_CONFIRM_WITHIN_S)."""
+        with self._lock:
+            average = self._average_s.get(address)
+        return PUSH_ANSWER_WAIT_S if average is None or average <= PUSH_CONFIRM_WITHIN_S else 0.0
+
     def record(self, address: str, duration_s: float) -> None:
         with self._lock:
             average = self._average_s.get(address)
@@ -163,10 +176,10 @@ class Pusher:
     async def send(self, ran: pb.InferenceStep, output: pb.Tensor) -> bool:
         """Push `output`, the answer to the step `ran`, to the first of its push targets (the rest ride along, and
         so do its hypo_ids); called on the serving loop, the call runs on a push thread. False (the client then sends
-        the step itself) when there is no target, the output is too big for one message, or the push failed within
-        PUSH_ANSWER_WAIT_S. A push still under way by then counts as sent and goes on in the background: a slow
-        target still gets it, and a frozen one is the client's to find late (swarm/client/pace.py), rather than a
-        reason to hold this peer's own answer back."""
+        the step itself) when there is no target, the output is too big for one message, or the push failed while the
+        answer waited for it (PushDeadlines.answer_wait_s: on quick links only). A push still under way by then counts
+        as sent and goes on in the background: a slow target still gets it, and a lost or frozen one is the client's
+        to find late (swarm/client/pace.py), rather than a reason to hold this peer's own answer back."""
         targets = list(ran.push_to)
         if not targets or output.ByteSize() > self.max_message_bytes - 4096:
             return False
@@ -175,9 +188,12 @@ class Pusher:
             step_id=ran.step_id, position=ran.position, hidden_states=output, push_to=rest, hypo_ids=ran.hypo_ids
         )
         request = pb.PushRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, session_id=target.session_id, step=step)
+        wait_s = self.deadlines.answer_wait_s(target.address)
         pushing = asyncio.get_running_loop().run_in_executor(self._threads, self._push, target, request)
+        if wait_s == 0.0:
+            return True
         try:
-            return await asyncio.wait_for(asyncio.shield(pushing), PUSH_ANSWER_WAIT_S)
+            return await asyncio.wait_for(asyncio.shield(pushing), wait_s)
         except TimeoutError:
             return True
 

@@ -156,7 +156,10 @@ class InferenceSession:
                     state.session.send(hidden, self.position, step_id, push_to, hypo)
                 waited = time.monotonic() - since
                 late_after, patience = state.pace.deadline_s(tokens) - waited, self.step_timeout_s - waited
-                output, pushed = state.session.receive(step_id, hidden, max(late_after, 0.0), max(patience, 0.0))
+                resend = None if must_send else self._resend(state, hidden, step_id, index)
+                output, pushed = state.session.receive(
+                    step_id, hidden, max(late_after, 0.0), max(patience, 0.0), resend
+                )
                 state.pace.observe(time.monotonic() - since, tokens)
                 if verify:
                     self._verify(state, hidden, output)
@@ -213,6 +216,10 @@ class InferenceSession:
     def _next_step_id(self) -> int:
         self._step_id += 1
         return self._step_id
+
+    def _resend(self, state: _HopState, hidden: torch.Tensor, step_id: int, index: int) -> Callable[[], None]:
+        """Send hop `index` the step it was pushed, should the push have been lost (SpanSession.receive)."""
+        return lambda: state.session.send(hidden, self.position, step_id, self._push_targets(index + 1))
 
     def _push_targets(self, first: int) -> list[pb.PushTarget]:
         return [state.session.target for state in self._hops[first:]] if self.push else []

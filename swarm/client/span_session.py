@@ -101,12 +101,20 @@ class SpanSession:
             self._requests.put(pb.InferenceRequest(step=step))
 
     def receive(
-        self, step_id: int, like: torch.Tensor, timeout_s: float | None = None, patience_s: float | None = None
+        self,
+        step_id: int,
+        like: torch.Tensor,
+        timeout_s: float | None = None,
+        patience_s: float | None = None,
+        resend: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor, bool]:
         """The output of step `step_id`, whose input was `like`, and whether the peer pushed it on to the next one.
 
         An answer is late after `timeout_s` (default step_timeout_s). With `patience_s`, a late peer that still
-        answers a health probe is busy, not frozen: its answer is awaited until `patience_s` in all.
+        answers a health probe is busy, not frozen: its answer is awaited until `patience_s` in all. `resend`, for
+        a step the previous peer pushed here, sends it again from the client when the answer is late (the push may
+        have been lost after that peer answered; a peer runs a step id once, so a push that did arrive costs
+        nothing more).
 
         Raises:
             DeadlineExceeded: no answer in time; the stream is cancelled.
@@ -114,7 +122,7 @@ class SpanSession:
             SwarmError subclasses mapped from the peer's gRPC status (swarm/errors.py).
         """
         timeout_s = self.step_timeout_s if timeout_s is None else timeout_s
-        wait = _Wait(timeout_s, timeout_s if patience_s is None else patience_s, self.probe)
+        wait = _Wait(timeout_s, timeout_s if patience_s is None else patience_s, self.probe, resend)
         first = self._next_response(wait)
         while first.step_id != step_id:  # a late answer to a step we had already given up on
             first = self._next_response(wait)
@@ -176,7 +184,14 @@ class _Wait:
     `patience_s`. The probe starts PROBE_TIMEOUT_S before the late point, so that a frozen peer costs no more than
     `late_s`. Measured from when the wait began, for the whole answer however the peer trickles it."""
 
-    def __init__(self, late_s: float, patience_s: float, probe: Callable[[], Callable[[], bool]]) -> None:
+    def __init__(
+        self,
+        late_s: float,
+        patience_s: float,
+        probe: Callable[[], Callable[[], bool]],
+        resend: Callable[[], None] | None = None,
+    ) -> None:
+        self.resend = resend  # called once, as the probe starts
         self.started = time.monotonic()
         self.at, self.limit, self.probe = self.started + late_s, self.started + max(late_s, patience_s), probe
         self.probe_at = self.at - PROBE_TIMEOUT_S if self.limit > self.at else self.at
@@ -195,6 +210,8 @@ class _Wait:
         if self.limit <= self.at:
             return False
         if self.answered is None:
+            if self.resend is not None:
+                self.resend()
             self.answered = self.probe()
             if time.monotonic() < self.at:
                 return True

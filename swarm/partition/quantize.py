@@ -1,5 +1,6 @@
 """Quantised block weights: a span's linear layers replaced by bitsandbytes' LLM.int8 (`int8`) or 4-bit NormalFloat
 (`nf4`) layers while it loads, block by block, so that no more than one block is ever held in full precision.
+On a CPU the int8 layers compute weight-only (swarm/partition/int8_linear.py says why).
 
 Norms, rotary tables and the router of a sparse MoE block stay in the span's dtype: they are a sliver of the
 bytes, and rounding the router would change which experts a token goes to. The byte counts here are the ones
@@ -11,7 +12,6 @@ config alone (peers/memory.py) matches what loading costs.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Literal
 
 import torch
@@ -25,9 +25,6 @@ KEEP_FULL = frozenset({"gate"})  # a sparse MoE block's router (swarm/partition/
 INT8_OUTLIER_THRESHOLD = 6.0  # LLM.int8's: input features above it take the 16-bit path
 NF4_BLOCK = 64  # weights per 8-bit absmax scale
 NF4_NESTED_BLOCK = 256  # absmax scales per fp32 scale (double quantisation)
-
-# On a CPU, LLM.int8 computes in float16 and says so at every layer's first call; that is expected, not news.
-warnings.filterwarnings("ignore", message="MatMul8bitLt: inputs will be cast")
 
 
 def check_quant(quant: str) -> Quant:
@@ -71,7 +68,9 @@ def quantized_linear(linear: nn.Linear, quant: Quant, device: str, compute_dtype
     has_bias = linear.bias is not None
     weight = linear.weight.data
     if quant == "int8":
-        layer = bnb.nn.Linear8bitLt(
+        from swarm.partition.int8_linear import Int8Linear
+
+        layer = Int8Linear(
             linear.in_features, linear.out_features, bias=has_bias, has_fp16_weights=False,
             threshold=INT8_OUTLIER_THRESHOLD, device="meta",
         )  # fmt: skip

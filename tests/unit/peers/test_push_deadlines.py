@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from peers.push import (
+    PUSH_ANSWER_WAIT_S,
+    PUSH_CONFIRM_WITHIN_S,
     PUSH_DEADLINE_FIRST_S,
     PUSH_DEADLINE_MAX_S,
     PUSH_DEADLINE_MIN_S,
@@ -39,3 +41,14 @@ def test_the_average_moves_toward_recent_durations() -> None:
     for _ in range(30):
         deadlines.record("link:1", 1.0)
     assert deadlines.deadline_s("link:1") == pytest.approx(PUSH_DEADLINE_ROUND_TRIPS * 1.0, rel=0.01)
+
+
+def test_an_answer_waits_for_its_push_on_quick_links_only() -> None:
+    """Waiting for a push's outcome takes a round trip to the next peer: on a long link it would make this peer's
+    answer, not the next one's, the token's last; there the answer goes at once."""
+    deadlines = PushDeadlines()
+    assert deadlines.answer_wait_s("new:1") == PUSH_ANSWER_WAIT_S  # the first push to a target: wait, as on a LAN
+    deadlines.record("lan:1", PUSH_CONFIRM_WITHIN_S / 4)
+    deadlines.record("wan:1", 0.1)  # 100 ms of RTT
+    assert deadlines.answer_wait_s("lan:1") == PUSH_ANSWER_WAIT_S
+    assert deadlines.answer_wait_s("wan:1") == 0.0

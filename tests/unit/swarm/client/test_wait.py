@@ -44,3 +44,14 @@ def test_without_patience_there_is_no_probe() -> None:
     assert wait.remaining_s() == pytest.approx(LATE_S, abs=0.05)
     _run_out(wait)
     assert not wait.go_on()
+
+
+def test_a_late_hop_that_was_pushed_its_step_is_sent_it_again_once() -> None:
+    """A push may be lost after the previous peer answered: when the answer is late, the client sends the step
+    itself (the peer runs a step id once), then probes as usual."""
+    events: list[str] = []
+    wait = _Wait(LATE_S, PATIENCE_S, lambda: events.append("probe") or (lambda: True), lambda: events.append("resend"))
+    _run_out(wait)
+    assert wait.go_on() and events == ["resend", "probe"]
+    _run_out(wait)
+    assert wait.go_on() and events == ["resend", "probe"]

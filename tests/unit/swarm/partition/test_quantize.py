@@ -59,6 +59,34 @@ def test_quantised_blocks_are_smaller_and_compute_nearly_the_same(
     assert span.dtype == torch.float32  # norms and the hidden states keep the span's dtype
 
 
+def test_int8_on_a_cpu_rounds_the_weights_only_not_the_activations(fp32_span, hidden) -> None:
+    """swarm/partition/int8_linear.py: the CPU forward is the int8 weights, dequantised, times unrounded inputs;
+    bitsandbytes' own CPU inference path (the int8 x int8 matmul) also rounds the inputs and lands farther off."""
+    import bitsandbytes as bnb
+
+    from swarm.partition.int8_linear import Int8Linear
+
+    linear = fp32_span.blocks[0].mlp.down_proj
+    inputs = torch.nn.functional.silu(hidden @ torch.randn(hidden.shape[-1], linear.in_features) / 8)
+    layer = quantize_one(linear, Int8Linear)
+    stock = quantize_one(linear, bnb.nn.Linear8bitLt)
+    with torch.no_grad():
+        exact, got, theirs = linear(inputs), layer(inputs), stock(inputs).float()
+        weights = bnb.functional.int8_vectorwise_dequant(layer.weight.data, layer.weight.SCB)
+        torch.testing.assert_close(got, torch.nn.functional.linear(inputs, weights))
+    error, stock_error = ((out - exact).norm() / exact.norm() for out in (got, theirs))
+    print(f"relative error: weights only {error:.4f}, int8 x int8 {stock_error:.4f}")
+    assert error < 0.02 and error < stock_error, (error, stock_error)
+
+
+def quantize_one(linear: nn.Linear, kind: type) -> nn.Module:
+    import bitsandbytes as bnb
+
+    layer = kind(linear.in_features, linear.out_features, bias=False, has_fp16_weights=False, device="meta")
+    layer.weight = bnb.nn.Int8Params(linear.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+    return layer.to("cpu").eval()  # bitsandbytes takes its training path (weights only) in train mode
+
+
 @pytest.mark.parametrize("quant", ["int8", "nf4"])
 def test_the_plan_from_shapes_alone_matches_what_loading_holds(quant) -> None:
     """A block built on the meta device is planned at the bytes bitsandbytes really keeps once the same block's
