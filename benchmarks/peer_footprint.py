@@ -26,7 +26,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -34,26 +33,12 @@ import numpy as np
 import psutil
 
 from benchmarks.output_lines import OutputLines
+from benchmarks.swarm_process import launch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1"}
 MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 START_TARGET_S = 10.0
 MEMORY_TARGET_MIB = 0.93 * 1024
-
-
-def launch(*args: str) -> tuple[subprocess.Popen, OutputLines]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "swarm", *args],
-        cwd=REPO_ROOT,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    return process, OutputLines(process)
 
 
 def wait_line(out: OutputLines, pattern: str, timeout_s: float):

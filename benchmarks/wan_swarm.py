@@ -5,7 +5,6 @@ namespace's own 127.0.0.1. Used by `python -m benchmarks.wan` and tests/integrat
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import time
@@ -15,13 +14,7 @@ from pathlib import Path
 
 from benchmarks.netns import WanLink
 from benchmarks.output_lines import OutputLines
-
-ENV = {
-    **os.environ,
-    "RAY_AUTH_MODE": "disabled",  # DESIGN.md: set explicitly, or Ray writes ~/.ray/auth_token
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # Ray on each namespace's 127.0.0.1
-    "PYTHONUNBUFFERED": "1",
-}
+from benchmarks.swarm_process import ENV  # Ray on each namespace's own 127.0.0.1
 
 
 class Command:

@@ -6,22 +6,13 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from benchmarks.output_lines import OutputLines
+from benchmarks.swarm_process import ENV, REPO_ROOT, launch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ENV = {
-    **os.environ,
-    "RAY_AUTH_MODE": "disabled",  # DESIGN.md: set explicitly, or Ray writes ~/.ray/auth_token
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keep Ray on 127.0.0.1
-    "PYTHONUNBUFFERED": "1",
-}
+__all__ = ["ENV", "REPO_ROOT", "Daemon", "poll_until"]  # ENV and REPO_ROOT too, for the tests that start commands
 
 
 def poll_until(condition: Callable[[], Any], timeout_s: float, failure: Callable[[], str]) -> Any:
@@ -40,16 +31,7 @@ class Daemon:
     killed with it."""
 
     def __init__(self, *args: str, module: str = "swarm") -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            cwd=REPO_ROOT,
-            env=ENV,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.out = OutputLines(self.process)
+        self.process, self.out = launch(*args, module=module)
 
     @property
     def output(self) -> list[str]:

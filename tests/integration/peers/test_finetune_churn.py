@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.two_peers import announced_peers
 from peers.server import PeerServer, ServerConfig
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.client.lora import LoraAdapter
-from swarm.partition import load_span
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
 
@@ -27,23 +27,10 @@ SPANS = ((0, 15), (15, 30), (15, 30))  # the second half has two replicas
 @pytest.fixture
 def replicated_swarm(smollm2_path: Path) -> Iterator[tuple[list[PeerServer], Registry]]:
     config = ServerConfig(cache_tokens=1024, max_session_length=256, max_request_tokens=1024, credentials=OPEN)
-    servers = [
-        PeerServer(load_span(smollm2_path, start, end), config, peer_id=f"churn-{i}", model="smollm2")
-        for i, (start, end) in enumerate(SPANS)
-    ]
-    registry = Registry(credentials=OPEN)
-    announcers = []
-    try:
-        for server in servers:
-            server.start()
-            announcers.append(announce(server, registry))
+    peer_ids = [f"churn-{i}" for i in range(len(SPANS))]
+    peers = announced_peers(smollm2_path, SPANS, config, peer_ids, announce, served_model="smollm2")
+    with peers as (registry, servers):  # the test stops the peer it kills and removes it from `servers`
         yield servers, registry
-    finally:
-        for announcer in announcers:
-            announcer.stop()
-        for server in servers:
-            server.stop()
-        registry.shutdown()
 
 
 def test_a_peer_killed_mid_step_loses_no_step(replicated_swarm, smollm2_path: Path, tmp_path: Path) -> None:
