@@ -9,8 +9,12 @@ client, with push) plus the local compute per token: a Hugging Face step measure
 each setting (so under the same load from the rest of the shared machine). `fraction_of_limit` = measured
 tokens/s / the bound's tokens/s. Where the time goes, per token: `swarm_ms_per_token` (step less the local step),
 `link_ms_per_token` (step less the 0 ms control's step, same codec) and `link_rtts_per_token` (that over the RTT).
-Then training (benchmarks/wan_train.py): a 2-stage x 2-replica job across 6 namespaces at 0 ms and at 100 ms /
-100 Mbit/s, and `train_wan_vs_loopback`, the ratio of their samples/s. Prints one JSON object."""
+The peers compute with PEER_THREADS torch threads each, as the local step does: the namespaces stand for separate
+machines but share this one's cores, and two peers that each size their thread pool to every core oversubscribe
+them (each parallel region then waits for a descheduled thread: 72 ms per token at 0 ms against 64 ms with one
+thread each, measured). Then training (benchmarks/wan_train.py): a 2-stage x 2-replica job across 6 namespaces
+at 0 ms and at 100 ms / 100 Mbit/s, and `train_wan_vs_loopback`, the ratio of their samples/s. Prints one JSON
+object."""
 
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from swarm.codec import DEFAULT_CODEC
 HOSTS = ["client", "bootstrap", "peer0", "peer1"]
 SETTINGS = {"0ms": (0.0, None), "20ms": (20.0, 1000.0), "100ms": (100.0, 100.0)}  # RTT ms, rate Mbit/s
 CODECS = ("NONE", DEFAULT_CODEC.name)
+PEER_THREADS = 1  # per peer, like the local step (see the module docstring)
 
 
 def load_local(model_path: Path) -> torch.nn.Module:
@@ -133,7 +138,7 @@ def run_generation(ns: argparse.Namespace) -> dict:
     local_model, measured = load_local(ns.model), {}
     with WanLink(HOSTS) as net:
         swarm = WanSwarm(net, ns.model)
-        swarm.start_two_halves()
+        swarm.start_two_halves(extra=["--threads", str(PEER_THREADS)])
         for name, (rtt_ms, rate) in SETTINGS.items():
             net.configure(rtt_ms, rate)
             measured[name] = measure_setting(net, swarm, local_model, input_ids, ns.new_tokens)

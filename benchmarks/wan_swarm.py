@@ -61,12 +61,12 @@ class WanSwarm:
         self.peers[host] = Command(self.net, host, ["-m", "swarm", "peer", "join", *flags])
         return self.peers[host]
 
-    def start_two_halves(self) -> None:
-        """The usual swarm: a bootstrap on host "bootstrap", "peer0" serving blocks [0, 15) and "peer1" [15, 30),
-        serving when this returns."""
+    def start_two_halves(self, extra: Sequence[str] = ()) -> None:
+        """The usual swarm: a bootstrap on host "bootstrap", "peer0" serving blocks [0, 15) and "peer1" [15, 30)
+        (each with `extra` join flags), serving when this returns."""
         self.start_bootstrap("bootstrap")
-        self.start_peer("peer0", "0:15")
-        self.start_peer("peer1", "15:30")
+        self.start_peer("peer0", "0:15", extra=extra)
+        self.start_peer("peer1", "15:30", extra=extra)
         self.wait_serving()
 
     def wait_serving(self, timeout_s: float = 240) -> None:

@@ -125,6 +125,7 @@ class PeerConfig:
             ttl_s=ns.ttl,
             announce_period_s=ns.announce_period or ns.ttl / 3,
             drain_grace_s=ns.drain_grace,
+            threads=getattr(ns, "threads", 0),
             ray_resources=parse_resources(getattr(ns, "ray_resources", None)),
             server=server,
             placement=placement,

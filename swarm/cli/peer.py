@@ -165,6 +165,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--page-size", type=at_least(1), default=16, help="tokens per KV-cache page")
     parser.add_argument(
+        "--threads",
+        type=at_least(0),
+        default=0,
+        help="torch threads computing the blocks (default 0: one per core)",
+    )
+    parser.add_argument(
         "--max-batch-tokens", type=at_least(1), default=2048, help="tokens one engine iteration computes at most"
     )
     parser.add_argument(

@@ -146,6 +146,14 @@ def test_flag_defaults_are_the_configs() -> None:
     assert config.server.max_message_bytes == ServerConfig().max_message_bytes
     engine_fields = ("cache_tokens", "page_size", "max_batch_tokens", "session_idle_s", "max_sessions")
     assert [getattr(config.server, f) for f in engine_fields] == [getattr(ServerConfig(), f) for f in engine_fields]
+    assert config.threads == 0  # one per core
+
+
+def test_threads_flag_sizes_the_compute_pool() -> None:
+    """Peers sharing a machine's cores each take their share (benchmarks.wan: one each on two cores)."""
+    assert PeerConfig.from_args(parse("--threads", "1")).threads == 1
+    with pytest.raises(SystemExit):
+        parse("--threads=-1")
 
 
 def test_engine_flags_reach_the_server_config() -> None:
