@@ -99,12 +99,17 @@ def linear_bytes(in_features: int, out_features: int, quant: Quant, dtype_bytes:
 
 def module_bytes(module: nn.Module) -> int:
     """Bytes `module`'s weights hold as loaded: parameters and buffers, plus bitsandbytes' scales (int8 SCB, the
-    nf4 quantisation state), which live beside the parameters rather than in them."""
+    nf4 quantisation state), which live beside the parameters rather than in them. An int8 layer's first forward
+    on a GPU moves its scales from the weight to the layer's `state`: they are counted wherever they are."""
     total = sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
-    for parameter in module.parameters():
-        scales = getattr(parameter, "SCB", None)
+    for layer in module.modules():
+        weight = getattr(layer, "weight", None)
+        scales = getattr(weight, "SCB", None)
+        if scales is None:
+            scales = getattr(getattr(layer, "state", None), "SCB", None)
         if isinstance(scales, torch.Tensor):
             total += scales.numel() * scales.element_size()
+    for parameter in module.parameters():
         state = getattr(parameter, "quant_state", None)
         if state is not None:
             total += _quant_state_bytes(state)

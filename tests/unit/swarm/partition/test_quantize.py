@@ -77,6 +77,9 @@ def test_int8_on_a_cpu_rounds_the_weights_only_not_the_activations(fp32_span, hi
     error, stock_error = ((out - exact).norm() / exact.norm() for out in (got, theirs))
     print(f"relative error: weights only {error:.4f}, int8 x int8 {stock_error:.4f}")
     assert error < 0.02 and error < stock_error, (error, stock_error)
+    held = module_bytes(layer)
+    layer.init_8bit_state()  # what a GPU forward does: the row scales move from the weight to the layer's state
+    assert module_bytes(layer) == held == linear.in_features * linear.out_features + 4 * linear.out_features
 
 
 def quantize_one(linear: nn.Linear, kind: type) -> nn.Module:
