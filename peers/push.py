@@ -43,6 +43,8 @@ PUSH_THREADS = 32  # pushes in flight at once; a push holds a thread only while 
 # client that sends faster is held back by gRPC flow control, since the reader stops reading.
 INBOX_MESSAGES = 4
 PUSH_WAIT_S = 0.25  # a push waits this long for room in a full inbox, then is refused (the client sends the step)
+PUSH_OPEN_GRACE_S = 1.0  # a push for a session not open yet waits this long for the client's opening to arrive
+PUSH_OPEN_POLL_S = 0.005
 
 
 class Inbox:
@@ -127,12 +129,19 @@ class Inboxes:
             inbox.fail(error)
 
     async def deliver(self, session_id: str, step: pb.InferenceStep) -> None:
-        """Raises SessionNotFound (NOT_FOUND) when no open session has this id."""
-        with self._lock:
-            inbox = self._inboxes.get(session_id)
+        """Raises SessionNotFound (NOT_FOUND) when no session has this id, nor opens it within PUSH_OPEN_GRACE_S: a
+        push can overtake the client's own opening of the session here (the client opens every hop at once, and
+        the first step's push races the opening), and the previous peer may have answered its client already."""
+        deadline = asyncio.get_running_loop().time() + PUSH_OPEN_GRACE_S
+        while (inbox := self._get(session_id)) is None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(PUSH_OPEN_POLL_S)
         if inbox is None:
             raise SessionNotFound(f"session {session_id!r} is not open on this peer")
         await inbox.push(step)
+
+    def _get(self, session_id: str) -> Inbox | None:
+        with self._lock:
+            return self._inboxes.get(session_id)
 
 
 class PushDeadlines:

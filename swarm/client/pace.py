@@ -26,8 +26,12 @@ class HopPace:
     factor: float = LATE_FACTOR
     small_step_s: float | None = None  # moving average of this hop's small-step times; None until one is seen
 
-    def deadline_s(self, tokens_per_sequence: int) -> float:
-        """How long to wait for this hop's answer to a step of `tokens_per_sequence` new tokens."""
+    def deadline_s(self, tokens_per_sequence: int, like_s: float | None = None) -> float:
+        """How long to wait for this hop's answer to a step of `tokens_per_sequence` new tokens. `like_s`: how long
+        a comparable hop took for this very step; for a hop with no pace of its own yet, it stands in for one (a
+        step pushed to this hop, whose push may be lost, is then not waited on for the whole timeout)."""
+        if like_s is not None and self.small_step_s is None:
+            return min(self.timeout_s, max(self.floor_s, self.factor * like_s))
         if self.small_step_s is None or tokens_per_sequence > SMALL_STEP_TOKENS:
             return self.timeout_s
         return min(self.timeout_s, max(self.floor_s, self.factor * self.small_step_s))

@@ -146,6 +146,7 @@ class InferenceSession:
         index, must_send, tokens = 0, True, hidden.shape[1]
         staged: list[tuple[_HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
         since = time.monotonic()  # when the hop got its input: sent now, or pushed when the previous answer came
+        previous_s: float | None = None  # how long the previous hop took for this step
         while index < len(self._hops):
             state = self._hops[index]
             try:
@@ -155,12 +156,16 @@ class InferenceSession:
                     push_to = [] if verify or hypo else self._push_targets(index + 1)
                     state.session.send(hidden, self.position, step_id, push_to, hypo)
                 waited = time.monotonic() - since
-                late_after, patience = state.pace.deadline_s(tokens) - waited, self.step_timeout_s - waited
-                resend = None if must_send else self._resend(state, hidden, step_id, index)
+                like_s = None if must_send else previous_s  # a pushed step may have been lost: see HopPace
+                late_after = state.pace.deadline_s(tokens, like_s) - waited
+                patience = self.step_timeout_s - waited
+                resent: list[float] = []  # when the client sent a pushed step itself (the hop's input came then)
+                resend = None if must_send else self._resend(state, hidden, step_id, index, resent)
                 output, pushed = state.session.receive(
                     step_id, hidden, max(late_after, 0.0), max(patience, 0.0), resend
                 )
-                state.pace.observe(time.monotonic() - since, tokens)
+                previous_s = time.monotonic() - max([since, *resent])
+                state.pace.observe(previous_s, tokens)
                 if verify:
                     self._verify(state, hidden, output)
             except InvalidRequest:
@@ -217,9 +222,17 @@ class InferenceSession:
         self._step_id += 1
         return self._step_id
 
-    def _resend(self, state: _HopState, hidden: torch.Tensor, step_id: int, index: int) -> Callable[[], None]:
-        """Send hop `index` the step it was pushed, should the push have been lost (SpanSession.receive)."""
-        return lambda: state.session.send(hidden, self.position, step_id, self._push_targets(index + 1))
+    def _resend(
+        self, state: _HopState, hidden: torch.Tensor, step_id: int, index: int, resent: list[float]
+    ) -> Callable[[], None]:
+        """Send hop `index` the step it was pushed, should the push have been lost (SpanSession.receive); the time
+        goes to `resent`, so that the hop's pace counts from when it really got its input."""
+
+        def resend() -> None:
+            state.session.send(hidden, self.position, step_id, self._push_targets(index + 1))
+            resent.append(time.monotonic())
+
+        return resend
 
     def _push_targets(self, first: int) -> list[pb.PushTarget]:
         return [state.session.target for state in self._hops[first:]] if self.push else []

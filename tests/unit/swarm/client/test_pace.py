@@ -28,3 +28,13 @@ def test_big_steps_and_slow_hops_are_given_room() -> None:
     assert pace.deadline_s(SMALL_STEP_TOKENS + 1) == 30.0
     pace.observe(10.0, tokens_per_sequence=1)
     assert pace.deadline_s(1) <= 30.0
+
+
+def test_a_hop_fed_by_push_without_history_is_late_after_its_neighbour_s_pace() -> None:
+    """The first step pushed to a hop may have been lost: it is late after 4x the previous hop's time for the same
+    step (at least the floor), not after the whole timeout; once the hop has a pace of its own, that pace rules."""
+    pace = HopPace(timeout_s=30.0)
+    assert pace.deadline_s(40, like_s=2.0) == 8.0
+    assert pace.deadline_s(1, like_s=0.01) == LATE_FLOOR_S
+    pace.observe(0.5, tokens_per_sequence=1)
+    assert pace.deadline_s(1, like_s=0.01) == 2.0
