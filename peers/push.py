@@ -43,7 +43,9 @@ PUSH_THREADS = 32  # pushes in flight at once; a push holds a thread only while 
 # client that sends faster is held back by gRPC flow control, since the reader stops reading.
 INBOX_MESSAGES = 4
 PUSH_WAIT_S = 0.25  # a push waits this long for room in a full inbox, then is refused (the client sends the step)
-PUSH_OPEN_GRACE_S = 1.0  # a push for a session not open yet waits this long for the client's opening to arrive
+PUSH_OPEN_GRACE_S = 0.1  # a push for a session not open yet waits this long for the client's opening to arrive;
+# short, since every push with an unknown session id (a closed one, garbage) waits it out before NOT_FOUND; a push
+# lost past it is resent by the client when the next peer is late
 PUSH_OPEN_POLL_S = 0.005
 
 

@@ -27,7 +27,7 @@ def test_a_push_waits_for_its_session_to_open() -> None:
     async def scenario() -> int:
         inboxes = Inboxes()
         delivering = asyncio.create_task(inboxes.deliver("s1", pb.InferenceStep(step_id=7)))
-        await asyncio.sleep(0.05)  # the push came first; the client's opening lands now
+        await asyncio.sleep(PUSH_OPEN_GRACE_S / 4)  # the push came first; the client's opening lands now
         inbox = Inbox(_nothing_from_the_client())
         inboxes.add("s1", inbox)
         await delivering
