@@ -24,7 +24,7 @@ demo: $(MODEL_READY)
 
 test: $(MODEL_READY) test-tools grafana-schema
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests --durations=30
+	$(PY) -m pytest tests --durations=15
 
 bench: $(MODEL_READY)
 	$(PY) -m benchmarks.codec --model $(MODEL)

@@ -1,14 +1,14 @@
 """Quantised weights: quality, size and speed of int8 and nf4 blocks against fp32, SmolLM2 on this machine's CPU.
 
 Run: `python -m benchmarks.quant --model .cache/models/smollm2-135m` (part of `make bench`). For each of fp32, int8
-(LLM.int8) and nf4 (bitsandbytes, swarm/partition/quantize.py):
+(LLM.int8), nf4 and nf4-mixed (q/k/v and down_proj at 8 bits; bitsandbytes, swarm/partition/quantize.py):
 - perplexity over tests/data/eval_text.txt (teacher-forced, one sequence), all 30 blocks loaded locally; for int8
   also with the activations rounded to int8 as well (`ppl_int8_x_int8_matmul`: stock bitsandbytes on a CPU, and
   LLM.int8 on a GPU), beside the weights-only int8 a CPU peer computes (swarm/partition/int8_linear.py);
 - bytes per block as loaded, and their ratio to fp32;
 - greedy generation through 2 in-process peers (blocks 0:15 and 15:30, served with those weights, codec NONE):
   tokens/s, and whether the tokens equal the same weights' local greedy run.
-Prints one JSON object with `ppl_fp32`, `ppl_int8`, `ppl_nf4`, `bytes_ratio_int8`, `bytes_ratio_nf4` at the top.
+Prints one JSON object with `ppl_fp32`, `ppl_int8`, `ppl_nf4`, `ppl_nf4_mixed` and their `bytes_ratio_*` at the top.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from benchmarks.two_peers import two_peers
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "eval_text.txt"
 PROMPT = "The history of the printing press begins"
-MODES = ("none", "int8", "nf4")
+MODES = ("none", "int8", "nf4", "nf4-mixed")
 
 
 def local_model(path: Path, quant: str):
@@ -120,16 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     prompt_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     runs = {quant: measure(ns.model, quant, text_ids, prompt_ids, ns.new_tokens) for quant in MODES}
     fp32 = runs["none"]
-    result = {
-        "benchmark": "quant",
-        "ppl_fp32": fp32["ppl"],
-        "ppl_int8": runs["int8"]["ppl"],
-        "ppl_nf4": runs["nf4"]["ppl"],
-        "ppl_ratio_int8": round(runs["int8"]["ppl"] / fp32["ppl"], 4),
-        "ppl_ratio_nf4": round(runs["nf4"]["ppl"] / fp32["ppl"], 4),
+    result = {"benchmark": "quant", "ppl_fp32": fp32["ppl"]}
+    for quant in MODES[1:]:
+        key = quant.replace("-", "_")
+        result[f"ppl_{key}"] = runs[quant]["ppl"]
+        result[f"ppl_ratio_{key}"] = round(runs[quant]["ppl"] / fp32["ppl"], 4)
+        result[f"bytes_ratio_{key}"] = round(runs[quant]["bytes_per_block"] / fp32["bytes_per_block"], 4)
+    result |= {
         "ppl_ratio_int8_x_int8_matmul": round(runs["int8"]["ppl_int8_x_int8_matmul"] / fp32["ppl"], 4),
-        "bytes_ratio_int8": round(runs["int8"]["bytes_per_block"] / fp32["bytes_per_block"], 4),
-        "bytes_ratio_nf4": round(runs["nf4"]["bytes_per_block"] / fp32["bytes_per_block"], 4),
         "eval_tokens": text_ids.shape[1],
         "runs": {"fp32" if quant == "none" else quant: run for quant, run in runs.items()},
         "load_average_1m": round(os.getloadavg()[0], 2),

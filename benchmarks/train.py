@@ -31,7 +31,8 @@ def make_config(model: Path, args: argparse.Namespace, run_id: str, replicas: in
 
     return config_from_dict({
         "run_id": run_id, "model": str(model), "num_stages": 2, "replicas_per_stage": replicas, "trainers": 2,
-        "inflight": args.inflight, "data": {"path": str(DATA), "tokenizer": "bytes", "seq_len": args.seq_len},
+        "inflight": args.inflight, "push_activations": not args.relay,
+        "data": {"path": str(DATA), "tokenizer": "bytes", "seq_len": args.seq_len},
         "micro_batch": 8, "target_batch": args.target_batch, "steps": args.steps, "optimizer": {"lr": 0.003},
         "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0, "overlap": args.overlap,
                       "compression": compression or args.averaging_compression},
@@ -64,6 +65,7 @@ def run_swarm(config, deadline_s: float, churn_period_s: float | None = None) ->
         stages = _stage_infos(job)
         result = {"completed": completed, "samples_per_s": progress["samples_per_s"], "steps": progress["step"]}
         result["profile"] = profile(progress, before, stages, wall_s)
+        result["profile"] |= averaging_bytes(config, before, stages, progress["samples"])
         result["final_loss"] = job.eval_loss() if completed else math.nan
         result["kills"] = churn.kills if churn else 0
         result["steps_went_back"] = len(churn.steps_went_back()) if churn else 0
@@ -100,13 +102,14 @@ def profile(progress: dict, before: dict, after: dict, wall_s: float) -> dict:
     """Per stage, the fraction of the phase its replicas spent computing, averaging and with requests queued
     (replicas restarted by churn count from zero); per micro-batch, milliseconds of compute, queueing (waiting for
     a replica), averaging (inside a collaborative step) and transfer (coding, gRPC, network), summed over its
-    calls, and its wall time; bytes the trainers sent and received per sample."""
+    calls, and its wall time; bytes per sample the trainers sent and received, the stages pushed to each other
+    (Train), and all of them together."""
     stages = {}
     for span, replicas in after.items():
-        old = {r["peer_id"]: r for r in before.get(span, [])}
+        old = before.get(span, [])
 
         def grew(key: str, replicas=replicas, old=old) -> float:
-            total = sum(max(0.0, r[key] - old.get(r["peer_id"], {}).get(key, 0.0)) for r in replicas)
+            total = sum(_since(r, old, key) for r in replicas)
             return round(total / (len(replicas) * wall_s), 3)
 
         stages[f"{span[0]}-{span[1]}"] = {
@@ -121,13 +124,57 @@ def profile(progress: dict, before: dict, after: dict, wall_s: float) -> dict:
         for key in ("compute", "queue", "averaging", "transfer", "micro_batch")
     }
     samples = max(progress["samples"], 1)
+    pushed = sum(_since(r, before.get(span, []), "bytes_pushed") for span, replicas in after.items() for r in replicas)
     return {
         "wall_s": round(wall_s, 1),
         "stages": stages,
         "per_micro_batch": per_micro_batch,
         "trainer_bytes_sent_per_sample": round(progress["bytes_sent"] / samples),
         "trainer_bytes_received_per_sample": round(progress["bytes_received"] / samples),
+        "stage_bytes_pushed_per_sample": round(pushed / samples),
+        "wire_bytes_per_sample": round((progress["bytes_sent"] + progress["bytes_received"] + pushed) / samples),
     }
+
+
+def _since(replica: dict, before: list[dict], key: str) -> float:
+    """How much a replica's counter `key` grew during the phase: from zero for one restarted since (a new pid)."""
+    old = [r for r in before if (r["peer_id"], r["pid"]) == (replica["peer_id"], replica["pid"])]
+    return replica[key] - (old[0][key] if old else 0)
+
+
+def averaging_bytes(config, before: dict, after: dict, samples: int) -> dict:
+    """Bytes one replica sends per averaging round (per stage), and the rounds' bytes per trained sample: each
+    replica's rounds during the phase (a restarted replica's count from zero) times its stage's round."""
+    per_round = averaging_bytes_per_round(config)
+    total = sum(
+        per_round[f"{start}-{end}"] * _since(replica, before.get((start, end), []), "averaging_rounds")
+        for (start, end), replicas in after.items()
+        for replica in replicas
+    )
+    return {"averaging_bytes_per_round": per_round, "averaging_bytes_per_sample": round(total / max(samples, 1))}
+
+
+def averaging_bytes_per_round(config) -> dict[str, int]:
+    """Per stage, the bytes one replica sends in a gradient averaging round with its siblings: the stage's gradients
+    as hivemind serializes them under the round's compression, times 2 (n - 1) / n for hivemind's all-reduce (each
+    member sends the others their parts of its tensors, then each of them the average of its own part).
+    Computed from the serialized sizes, not counted on the wire."""
+    from hivemind.compression import CompressionInfo
+
+    from peers.training.optimizer import averaging_compression
+    from swarm.training.reference import load_reference_model, stage_param_groups
+
+    model = load_reference_model(config)
+    spans = config.stage_spans(model.config.num_hidden_layers)
+    compression, group = averaging_compression(config.averaging.compression), config.replicas_per_stage
+    sizes = {}
+    for (start, end), params in zip(spans, stage_param_groups(model, spans), strict=True):
+        serialized = sum(
+            compression.compress(p.detach(), CompressionInfo.from_tensor(p), allow_inplace=False).ByteSize()
+            for p in params["params"]
+        )
+        sizes[f"{start}-{end}"] = round(serialized * 2 * (group - 1) / group)
+    return sizes
 
 
 def _shares(progress: dict, stages: dict) -> dict:
@@ -152,6 +199,7 @@ def main() -> None:
     parser.add_argument("--churn-period", type=float, default=20.0)
     parser.add_argument("--inflight", type=int, default=0, help="micro-batches per trainer (0: from the pipeline)")
     parser.add_argument("--overlap", action="store_true", help="replicas keep serving during averaging rounds")
+    parser.add_argument("--relay", action="store_true", help="trainers carry every tensor (no push)")
     parser.add_argument("--averaging-compression", default="none", help="none, float16 or 8bit")
     parser.add_argument(
         "--phases",
@@ -161,11 +209,11 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds per swarm phase")
     args = parser.parse_args()
 
-    from swarm.ray_cluster import connect_ray
+    from swarm.ray_cluster import connect_ray, stdout_for_results_only
     from swarm.training.init_model import write_random_llama
 
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
+    with stdout_for_results_only(), tempfile.TemporaryDirectory() as tmp:  # stdout is the JSON's alone
         model = write_random_llama(Path(tmp) / "model", layers=args.layers, hidden=args.hidden, vocab=256)
         connect_ray(None)
         phases, skipped = args.phases.split(","), {"samples_per_s": math.nan, "final_loss": math.nan}
@@ -189,6 +237,7 @@ def main() -> None:
         "compressed_loss_gap": compressed["final_loss"] / swarm["final_loss"] - 1,
         "swarm": swarm, "churn": churn, "compressed": compressed,
         "replicas_per_stage": args.replicas, "inflight": args.inflight, "overlap": args.overlap,
+        "push_activations": not args.relay,
         "averaging_compression": args.averaging_compression,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
     }  # fmt: skip

@@ -28,6 +28,7 @@ HOSTS = ["bootstrap", "s0r0", "s0r1", "s1r0", "s1r1", "trainer"]
 SPANS = {"s0": "0:4", "s1": "4:8"}
 SCRIPT = "benchmarks.training_host"
 SETTINGS = {"0ms": (0.0, None), "100ms": (100.0, 100.0)}  # RTT ms, rate Mbit/s
+AVERAGING = ("8bit", True)  # gradients 8-bit between replicas, rounds overlapped with compute: a job over long links
 
 
 def write_job(root: Path, run_id: str, steps: int) -> Path:
@@ -41,7 +42,7 @@ def write_job(root: Path, run_id: str, steps: int) -> Path:
         "run_id": run_id, "model": str(model), "credentials": "open", "stages": [[0, 4], [4, 8]],
         "replicas_per_stage": 2, "data": {"path": str(DATA), "tokenizer": "bytes", "seq_len": 64},
         "micro_batch": 8, "target_batch": 32, "steps": steps, "inflight": 0, "optimizer": {"lr": 0.003},
-        "averaging": {"matchmaking_s": 0.5, "timeout_s": 10.0},
+        "averaging": {"matchmaking_s": 0.5, "timeout_s": 10.0, "compression": AVERAGING[0], "overlap": AVERAGING[1]},
     }  # fmt: skip
     path = root / f"{run_id}.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from peers.limits import LimitsConfig
 from peers.server import ServerConfig
+from swarm.partition.quantize import QUANT_MODES
 from swarm.security import SwarmCredentials
 
 DTYPES = ("float32", "bfloat16", "float16")
-QUANTS = ("none", "int8", "nf4")  # weights of the blocks' linear layers (swarm/partition/quantize.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +69,8 @@ class PeerConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.quant not in QUANTS:
-            raise ValueError(f"quant must be one of {QUANTS}, got {self.quant!r}")
+        if self.quant not in QUANT_MODES:
+            raise ValueError(f"quant must be one of {QUANT_MODES}, got {self.quant!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.blocks is not None and self.num_blocks is not None:

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -61,6 +62,19 @@ def connect_ray(address: str | None, *, lean: bool = False, dashboard: bool = Fa
                 ray.init(_node_ip_address=LOOPBACK, include_dashboard=dashboard, **common)
         finally:
             del os.environ[TAG_VARIABLE]  # what this process starts later (the DHT node) dies with it on its own
+
+
+@contextlib.contextmanager
+def stdout_for_results_only() -> Iterator[None]:
+    """Within it, stdout goes to stderr, and Ray is shut down on the way out: Ray's driver prints the news of every
+    worker that dies (a killed replica) on stdout until it shuts down, which would mix into a command's JSON."""
+    import ray
+
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 def check_client_address(address: str) -> None:

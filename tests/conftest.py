@@ -38,6 +38,23 @@ def smollm2_path() -> Path:
     return ensure_test_model(TEST_MODEL_DIR)
 
 
+_SHM_BEFORE_SESSION: set[str] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from swarm.training import shared_memory
+
+    _SHM_BEFORE_SESSION.update(shared_memory.snapshot())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The shared-memory segments the run's killed processes left (swarm/training/shared_memory.py): otherwise they
+    pile up in RAM over runs until Ray's memory monitor kills actors."""
+    from swarm.training import shared_memory
+
+    shared_memory.remove_orphaned(_SHM_BEFORE_SESSION)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """A thread that never ends (a pool worker stuck in a handler that waits forever) keeps Python from exiting:
     CI then waits out its whole time limit with nothing to show. Past EXIT_GRACE_S, print every thread's stack and

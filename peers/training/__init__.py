@@ -3,5 +3,6 @@
 stage_model.py: StageModel (embeddings for the first stage, blocks, norm + LM head + loss for the last);
 optimizer.py: the hivemind collaborative optimizer of a stage (clipped AdamW, schedule, batch rescaling);
 replica.py: StageReplica, compute and steps under one lock; service.py: the TrainingStage gRPC servicer;
-actor.py: TrainingStagePeer, the Ray actor that joins a stage (state from a live replica or a checkpoint).
+siblings.py: the stage's other replicas (membership, StepNow, their sample counts); actor.py: TrainingStagePeer,
+the Ray actor that joins a stage (state from a live replica or a checkpoint).
 """

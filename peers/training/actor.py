@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
@@ -28,23 +27,22 @@ from peers.training.metrics import StageCollector
 from peers.training.optimizer import build_optimizer
 from peers.training.replica import StageReplica
 from peers.training.service import StageIdentity, TrainingStageService
+from peers.training.siblings import SiblingReplicas
 from peers.training.stage_model import load_stage_model
-from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
-from swarm.channels import PeerStubs
 from swarm.errors import InvalidRequest
 from swarm.registry import Announcer, Registry
 from swarm.registry.fork_guard import die_with_parent_on_fork
 from swarm.registry.hosts import join_host_port, multiaddr_host
 from swarm.training.checkpoints import latest_stage_checkpoint, read_stage_checkpoint, write_stage_checkpoint
 from swarm.training.config import TrainConfig
+from swarm.training.stage_calls import StageCalls
 from swarm.types import PeerInfo, PeerState, Span
 
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 << 20  # micro-batches travel whole (no chunking on the training RPCs)
 ANNOUNCE_PERIOD_S, ANNOUNCE_TTL_S = 1.0, 4.0
-STEP_NOW_TIMEOUT_S = 60.0
 CATCH_UP_PERIOD_S = 1.0
 
 
@@ -56,9 +54,7 @@ class TrainingStagePeer:
         torch.set_num_threads(config.threads)
         self.config, self.span = config, Span(start, end)
         self.peer_id = peer_id or uuid.uuid4().hex[:16]
-        self.registry = Registry(
-            initial_peers, host=config.host, announce_host=config.announce_host, credentials=config.credentials
-        )
+        self.registry = stage_registry(config, initial_peers)
         self.announced_host = config.hosts.announced(multiaddr_host(initial_peers[0]) if initial_peers else None)
         model = load_stage_model(
             config.model, start, end, device=config.device, activation_checkpointing=config.activation_checkpointing
@@ -92,9 +88,12 @@ class TrainingStagePeer:
         self.state = PeerState.ONLINE
         self.announcer.announce_now()
         self._stop = threading.Event()
-        self.siblings = SiblingReplicas(self.registry, config, self.span, self.peer_id, self._stop)
+        self.siblings = SiblingReplicas(self.registry, config, self.span, self.peer_id, self._stop, ANNOUNCE_TTL_S)
         self.replica.on_step_start = self.siblings.start_step
+        self.replica.on_progress = self.siblings.tell_progress
+        self.service.heard = self.siblings.heard
         optimizer.live_replicas = self.siblings.count
+        optimizer.sibling_samples = self.siblings.samples_toward
         optimizer.sibling_joining = lambda: self.siblings.joining > 0
         if config.averaging.overlap:
             optimizer.outside_lock = self.replica.unlocked
@@ -140,7 +139,9 @@ class TrainingStagePeer:
         ]
         server = self.config.credentials.server(16, options)
         identity = StageIdentity(self.peer_id, self.config.run_id, self.span.start, self.span.end, self.total_blocks)
-        pb_grpc.add_TrainingStageServicer_to_server(TrainingStageService(self.replica, identity, self.metrics), server)
+        self.downstream = StageCalls(self.config.codec_id, self.config.call_timeout_s, self.config.credentials)
+        self.service = TrainingStageService(self.replica, identity, self.metrics, self.downstream)
+        pb_grpc.add_TrainingStageServicer_to_server(self.service, server)
         health_servicer = health.HealthServicer()
         health_servicer.set("rayswarm.v1.TrainingStage", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -198,6 +199,8 @@ class TrainingStagePeer:
             "averaging_seconds": counters.averaging_seconds,
             "queue_seconds": counters.queue_seconds,
             "forwards_reused": counters.forwards_reused,
+            # what this replica pushed to the next stage and got back (Train): the trainers do not see these bytes
+            "bytes_pushed": self.downstream.bytes_sent + self.downstream.bytes_received,
             "joined_from": self.joined_from,
             "dht_addresses": self.registry.addresses,
             "metrics_address": self.metrics_address,
@@ -230,61 +233,26 @@ class TrainingStagePeer:
         self._stop.set()
         self.announcer.stop(PeerState.OFFLINE)
         self.server.stop(grace=1.0).wait(2.0)
+        self.downstream.close()
         self.replica.optimizer.shutdown()
         self.registry.shutdown()
         time.sleep(0.1)
 
 
-class SiblingReplicas:
-    """The other replicas of this stage (re-read from the DHT every second), and the StepNow broadcast."""
-
-    def __init__(
-        self, registry: Registry, config: TrainConfig, span: Span, peer_id: str, stop: threading.Event
-    ) -> None:
-        self.registry, self.dht_key, self.span, self.peer_id = registry, config.dht_key, span, peer_id
-        self.online: list[str] = []  # ONLINE siblings, as the DHT says
-        self.joining = 0  # siblings still taking the stage's state
-        self._unreachable: dict[str, float] = {}  # address -> when a StepNow to it found nobody there
-        self.stubs = PeerStubs(config.credentials, stub_type=pb_grpc.TrainingStageStub)
-        self._stop = stop
-        self._refresh()
-        threading.Thread(target=self._refresh_loop, daemon=True, name="stage-siblings").start()
-
-    @property
-    def addresses(self) -> list[str]:
-        """ONLINE siblings, less those a StepNow just found dead: their records outlive them by up to a TTL, and
-        counting them would make this replica wait for rounds they cannot join."""
-        now = time.monotonic()
-        return [a for a in self.online if now - self._unreachable.get(a, -math.inf) > ANNOUNCE_TTL_S]
-
-    def count(self) -> int:
-        """Replicas this one averages with, itself included. A JOINING sibling counts: the stage does not step
-        without it (rounds fail and are retried) until it serves or its record expires."""
-        return 1 + len(self.addresses) + self.joining
-
-    def start_step(self, step: int) -> None:
-        """Tell every sibling to join step `step` now; returns at once (each call waits for its replica's lock)."""
-        for address in self.addresses:
-            threading.Thread(target=self._tell, args=(address, step), daemon=True).start()
-
-    def _tell(self, address: str, step: int) -> None:
-        try:
-            self.stubs(address).StepNow(pb.StepNowRequest(step=step), timeout=STEP_NOW_TIMEOUT_S)
-        except grpc.RpcError as error:  # dead or restarting: the round goes on without it
-            logger.info("StepNow(%d) to %s failed: %s", step, address, error.code())
-            if error.code() is grpc.StatusCode.UNAVAILABLE:
-                self._unreachable[address] = time.monotonic()
-
-    def _refresh(self) -> None:
-        try:
-            peers = self.registry.peers(self.dht_key)
-        except Exception as error:  # the DHT is shutting down
-            logger.debug("cannot read sibling replicas: %s", error)
-            return
-        siblings = [p for p in peers if p.span == self.span and p.peer_id != self.peer_id]
-        self.online = [p.address for p in siblings if p.state is PeerState.ONLINE]
-        self.joining = sum(p.state is PeerState.JOINING for p in siblings)
-
-    def _refresh_loop(self) -> None:
-        while not self._stop.wait(1.0):
-            self._refresh()
+def stage_registry(config: TrainConfig, initial_peers: list[str]) -> Registry:
+    """The replica's DHT node. Unless `stage_dht_server` (or it has no initial peers: then it is the DHT), it only
+    asks (hivemind's client mode): records live on the bootstrap nodes. hivemind's averagers and progress tracker
+    read `dht.client_mode` to decide whether they accept incoming averaging streams and count as a full peer; the
+    node's p2p daemon listens either way, so they are told it is not a client: client mode here means only that the
+    node neither stores records nor answers lookups."""
+    client = bool(initial_peers) and not config.stage_dht_server
+    registry = Registry(
+        initial_peers,
+        host=config.host,
+        announce_host=config.announce_host,
+        credentials=config.credentials,
+        client_mode=client,
+    )
+    if client:
+        registry.dht._client_mode = False  # read once through DHT.client_mode, which caches it here
+    return registry

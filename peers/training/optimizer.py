@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -22,6 +24,7 @@ import hivemind
 import torch
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.optim.state_averager import TrainingStateAverager
 from torch.optim.lr_scheduler import LambdaLR
 
 from swarm.training.config import AveragingConfig, OptimizerConfig
@@ -34,6 +37,7 @@ MAX_FAILED_ROUNDS = 3  # then a replica whose siblings look alive but never aver
 LOAD_STATE_TRIES = 5
 LOAD_STATE_TIMEOUT_S = 60.0  # per download: a joining replica holds its siblings' steps meanwhile
 ROUND_MARGIN_S = 5.0  # beyond hivemind's own limits, before this replica stops waiting for a round's outcome
+REPORT_PERIOD_S = 1.0  # between this replica's progress records in the DHT, within a step
 
 
 class SampleCountTracker(ProgressTracker):
@@ -45,6 +49,21 @@ class SampleCountTracker(ProgressTracker):
     """
 
     forced_epoch: int | None = None  # set by StageOptimizer.step_now: another replica started this step
+    _last_report: float = -math.inf
+
+    def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
+        """hivemind stores this replica's record in the DHT at every call (every backward). Siblings learn the
+        count over gRPC (peers/training/siblings.py), so the record is stored at once only for a new step and
+        otherwise at most every REPORT_PERIOD_S (hivemind's reporter also refreshes it before it expires)."""
+        now, new_step = time.monotonic(), local_epoch != self.local_progress.epoch
+        if new_step or now - self._last_report >= REPORT_PERIOD_S:
+            self._last_report = now
+            return super().report_local_progress(local_epoch, samples_accumulated, update_global_samples)
+        signal, self.should_report_progress = self.should_report_progress, threading.Event()  # not signalled
+        try:
+            return super().report_local_progress(local_epoch, samples_accumulated, update_global_samples)
+        finally:
+            self.should_report_progress = signal
 
     @property
     def ready_to_update_epoch(self) -> bool:
@@ -59,11 +78,28 @@ class SampleCountTracker(ProgressTracker):
         return samples >= self.target_batch_size
 
 
+class StageStateAverager(TrainingStateAverager):
+    """Writes each update into the model's parameters without bumping their autograd versions, so that a forward
+    graph a replica keeps for its backward (peers/training/replica.py) stays usable one update later instead of
+    being computed again (measured: half the first stage's backwards recomputed their forward, a step having come
+    between the two). Loading a sibling's state still writes in place: such a graph then fails and is recomputed."""
+
+    @torch.no_grad()
+    def _apply_optimizer_parameters_(self) -> None:
+        updated = [param for group in self.optimizer.param_groups for param in group["params"]]
+        if len(updated) != len(self.main_parameters):
+            raise AssertionError("optimizer parameters changed during training")
+        for main, new in zip(self.main_parameters, updated, strict=True):
+            main.data.copy_(new, non_blocking=True)
+
+
 class StageOptimizer(hivemind.Optimizer):
     """hivemind.Optimizer with an exact sample count and a way for one replica to start a step for all."""
 
     round_samples: int | None = None  # samples the last step applied, summed over the replicas that averaged
     live_replicas: Callable[[], int] | None = None  # from the stage's DHT records (set by the stage actor)
+    # the live siblings' samples toward a step, as they told this replica (None: hivemind's progress records)
+    sibling_samples: Callable[[int], int] | None = None
     sibling_joining: Callable[[], bool] | None = None  # a sibling is taking the stage's state: wait for it
     failed_rounds: int = 0  # consecutive failed averaging rounds of the current step
     # Averaging off the critical path: waits for a round's all-reduce with the replica's lock released, so that
@@ -75,6 +111,8 @@ class StageOptimizer(hivemind.Optimizer):
 
     def samples_after(self, batch: int) -> int:
         """The stage's samples toward this step if this replica adds `batch` more (as far as it knows)."""
+        if self.sibling_samples is not None:
+            return self.grad_averager.local_samples_accumulated + self.sibling_samples(self.local_epoch) + batch
         progress = self.tracker.global_progress
         known = progress.samples_accumulated if progress.epoch == self.local_epoch else 0
         return max(known, self.grad_averager.local_samples_accumulated) + batch
@@ -246,6 +284,23 @@ class StageOptimizer(hivemind.Optimizer):
     def _maybe_schedule_state_averaging(self) -> None:
         return None
 
+    def _make_state_averager(self, **kwargs: Any) -> TrainingStateAverager:
+        return StageStateAverager(
+            dht=self.dht,
+            prefix=f"{self.run_id}_state_averager",
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+            offload_optimizer=self.offload_optimizer,
+            custom_gradients=self.offload_optimizer,
+            status_loglevel=self.status_loglevel,
+            next_chunk_timeout=self.next_chunk_timeout,
+            client_mode=self.client_mode,
+            auxiliary=self.auxiliary,
+            start=True,
+            **kwargs,
+        )
+
     def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> ProgressTracker:
         return SampleCountTracker(
             dht=self.dht,
@@ -292,11 +347,13 @@ def build_optimizer(
         # the first one waits for the others. (averager_opts reach only the state averager in hivemind 1.1.12.)
         grad_averager_factory=functools.partial(GradientAverager, warn=False, **matchmaking),
         averager_opts=matchmaking,
-        grad_compression=_compression(averaging.compression),
+        grad_compression=averaging_compression(averaging.compression),
+        # The records say which step the stage is at (a replica left behind catches up); sample counts go between
+        # replicas directly (sibling_samples), so they are read at most twice a second.
         tracker_opts={
-            "min_refresh_period": 0.1,
-            "max_refresh_period": 0.5,
-            "default_refresh_period": 0.2,
+            "min_refresh_period": 0.5,
+            "max_refresh_period": 2.0,
+            "default_refresh_period": 1.0,
             "metadata_expiration": 5.0,  # a dead replica stops counting as a peer to average with within seconds
         },
         verbose=False,
@@ -307,7 +364,7 @@ def build_optimizer(
     return collaborative
 
 
-def _compression(name: str) -> Any:
+def averaging_compression(name: str) -> Any:
     """hivemind's codec for the gradients a round sends (config.AVERAGING_COMPRESSIONS); 8bit keeps small tensors
     (norms) in float16, where 8 bits would cost more error than they save bytes."""
     from hivemind.compression import (

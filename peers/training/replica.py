@@ -49,7 +49,7 @@ class CallTiming:
 
 @dataclass(frozen=True, slots=True)
 class KeptForward:
-    step: int  # the parameters' step when it ran: a backward after an update recomputes instead
+    step: int  # the parameters' step when it ran: a backward more than one update later recomputes instead
     inputs: torch.Tensor  # as the stage's module took them (a leaf that wants gradients, past the first stage)
     out: torch.Tensor  # with its autograd graph
 
@@ -78,6 +78,7 @@ class StageReplica:
         self.autocast = mixed_precision and self.device.type == "cuda"
         self.counters = ReplicaCounters()
         self.on_step_start: Callable[[int], None] | None = None  # called before this replica starts a step
+        self.on_progress: Callable[[int, int], None] | None = None  # (step, samples toward it) after a backward
         self._lock = threading.Lock()
         self._answered: OrderedDict[str, BackwardAnswer] = OrderedDict()  # request id -> answer, newest last
         self._kept: OrderedDict[str, KeptForward] = OrderedDict()  # request id -> graph of its forward, newest last
@@ -117,11 +118,10 @@ class StageReplica:
 
     def _kept_forward(self, request_id: str, inputs: torch.Tensor) -> KeptForward | None:
         kept = self._kept.pop(request_id, None) if request_id else None
-        if kept is None or kept.step != self.step or kept.inputs.shape != inputs.shape:
+        if kept is None or self.step - kept.step > 1 or kept.inputs.shape != inputs.shape:
             return None
         if not torch.equal(kept.inputs.detach().to(inputs.dtype), inputs.to(self.device)):
             return None
-        self.counters.forwards_reused += 1
         return kept
 
     def backward(
@@ -157,7 +157,14 @@ class StageReplica:
             answer = (grad_inputs, loss, CallTiming(elapsed, queued(), averaging))
             if request_id:
                 self._remember(request_id, answer)
+            self._tell_progress()
         return answer
+
+    def _tell_progress(self) -> None:
+        """Hand this replica's count to its siblings (not while a round runs: backwards then count toward the next
+        step, which has no number yet)."""
+        if self.on_progress is not None and not self.optimizer.round_in_flight:
+            self.on_progress(self.step, self.samples_accumulated)
 
     def _remember(self, request_id: str, answer: BackwardAnswer) -> None:
         self._answered[request_id] = answer
@@ -172,26 +179,48 @@ class StageReplica:
         kept: KeptForward | None = None,
     ) -> tuple[torch.Tensor | None, float]:
         if kept is not None:
-            inputs, out = kept.inputs, kept.out
-        else:
-            inputs = self._leaf(inputs)
-            with torch.enable_grad(), self._precision():
-                out = self.model(inputs, None if labels is None else labels.to(self.device))
+            try:
+                grad_inputs = self._backward_kept(kept, grad_outputs)
+                self.counters.forwards_reused += 1
+                return grad_inputs, math.nan
+            except RuntimeError as error:  # a parameter was overwritten in place since (state loaded): recompute
+                if "modified by an inplace operation" not in str(error):
+                    raise
+        inputs = self._leaf(inputs)
+        with torch.enable_grad(), self._precision():
+            out = self.model(inputs, None if labels is None else labels.to(self.device))
         if self.model.is_last:
             out.backward()
         else:
-            if tuple(grad_outputs.shape) != tuple(out.shape):
-                raise InvalidRequest(
-                    f"grad_outputs shape {list(grad_outputs.shape)} differs from outputs {list(out.shape)}"
-                )
+            _check_shape(grad_outputs, out)
             out.backward(grad_outputs.to(device=self.device, dtype=out.dtype))
-        if not all(torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None):
-            self.optimizer.zero_grad()
-            raise InvalidRequest("gradients are not finite (NaN or Inf in inputs or grad_outputs); dropped")
+        self._check_finite()
         loss = out.item() if self.model.is_last else math.nan
         if self.model.is_last:
             self.counters.last_loss = loss
         return (None if self.model.is_first else inputs.grad.float().cpu()), loss
+
+    def _backward_kept(self, kept: KeptForward, grad_outputs: torch.Tensor) -> torch.Tensor | None:
+        """The backward through a kept forward graph. It may run one update after its forward (the update writes
+        the parameters without bumping their autograd versions, peers/training/optimizer.py): the gradient is
+        then one step stale, as in pipelines that overlap steps with work in flight. All or nothing: autograd
+        raises before any gradient is accumulated if a parameter was overwritten in place since the forward."""
+        _check_shape(grad_outputs, kept.out)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        wanted = params + ([kept.inputs] if kept.inputs.requires_grad else [])
+        grad_outputs = grad_outputs.to(device=self.device, dtype=kept.out.dtype)
+        grads = torch.autograd.grad(kept.out, wanted, grad_outputs, allow_unused=True)
+        with torch.no_grad():
+            for param, grad in zip(params, grads, strict=False):
+                if grad is not None:
+                    param.grad = grad if param.grad is None else param.grad.add_(grad)
+        self._check_finite()
+        return grads[-1].float().cpu() if kept.inputs.requires_grad else None
+
+    def _check_finite(self) -> None:
+        if not all(torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None):
+            self.optimizer.zero_grad()
+            raise InvalidRequest("gradients are not finite (NaN or Inf in inputs or grad_outputs); dropped")
 
     def _collaborative_step(self, batch: int) -> float:
         """Hand this micro-batch's gradients to hivemind; it steps once the stage reached its target batch.
@@ -231,6 +260,7 @@ class StageReplica:
             finally:
                 self.optimizer.zero_grad()  # the step left the averaged gradients in .grad; the next backward adds
             self._count_step(step_before, started)
+            self._tell_progress()
             return self.step
 
     @contextlib.contextmanager
@@ -309,3 +339,8 @@ class StageReplica:
         if self.autocast:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+
+def _check_shape(grad_outputs: torch.Tensor, out: torch.Tensor) -> None:
+    if tuple(grad_outputs.shape) != tuple(out.shape):
+        raise InvalidRequest(f"grad_outputs shape {list(grad_outputs.shape)} differs from outputs {list(out.shape)}")

@@ -2,10 +2,17 @@
 
 Errors go through the same table as the inference service (peers/service.py): bad input is INVALID_ARGUMENT
 with a message naming the field, and the replica keeps serving.
+
+Train pushes a micro-batch on to the next stage's replica: forward here, the later stages through their own Train
+(with what is left of the caller's deadline), backward here with the gradients that come back. A later stage's
+failure is this call's failure, with the failed replica named in trailing metadata, so that the trainer replaces
+that replica and resends; backwards already applied downstream are answered again from their request ids.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -18,9 +25,11 @@ from peers.training.replica import CallTiming, StageReplica
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, get_codec
-from swarm.errors import InvalidRequest
+from swarm.errors import InvalidRequest, SwarmError
+from swarm.training.stage_calls import FAILED_HOP_KEY, StageCalls
 
 COMMIT_MARGIN_S = 0.1  # a backward is applied only while its caller has at least this long left to get the answer
+PUSH_MARGIN_S = 0.5  # a push's deadline leaves this much of the caller's: a late stage is named before ours expires
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +43,15 @@ class StageIdentity:
 
 class TrainingStageService(pb_grpc.TrainingStageServicer):
     def __init__(
-        self, replica: StageReplica, identity: StageIdentity, metrics: PeerMetrics, limits: LimitsConfig | None = None
+        self,
+        replica: StageReplica,
+        identity: StageIdentity,
+        metrics: PeerMetrics,
+        downstream: StageCalls,
+        limits: LimitsConfig | None = None,
     ) -> None:
-        self.replica, self.config, self.metrics = replica, identity, metrics
+        self.replica, self.config, self.metrics, self.downstream = replica, identity, metrics, downstream
+        self.heard: Callable[[str, int, int], None] | None = None  # a sibling's sample count (set once it serves)
         self.admission = Admission(limits or LimitsConfig())  # answers_errors admits every request through it
 
     @answers_errors
@@ -67,6 +82,47 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
         return response
 
     @answers_errors
+    def Train(self, request: pb.TrainRequest, context: grpc.ServicerContext) -> pb.TrainResponse:
+        inputs, labels, choice = self._decode_request(request)
+        if self.replica.model.is_last == bool(request.next):
+            raise InvalidRequest("next must name a replica of each later stage, and be empty on the last stage")
+        still_wanted = functools.partial(_still_waiting, context)
+        if self.replica.model.is_last:
+            grad_inputs, loss, timing = self.replica.backward(inputs, None, labels, request.request_id, still_wanted)
+            response, hops = _response(self.replica.step, request.request_id, timing), []
+        else:
+            out, forward = self.replica.forward(inputs, None, request.request_id)
+            later = self._push(request, self._encode(out, choice), context)
+            grad_outputs = self._decode(later.grad_inputs, "the next stage's grad_inputs", float_only=True)
+            grad_inputs, _, backward = self.replica.backward(
+                inputs, grad_outputs, None, request.request_id, still_wanted
+            )
+            timing = CallTiming(forward.compute_s + backward.compute_s, forward.queue_s + backward.queue_s,
+                                backward.averaging_s)  # fmt: skip
+            response, loss, hops = _response(self.replica.step, request.request_id, timing), later.loss, later.hops
+        if grad_inputs is not None:
+            response.grad_inputs.CopyFrom(self._encode(grad_inputs, choice))
+        response.loss = loss
+        response.hops.add(step=response.step, compute_seconds=timing.compute_s, queue_seconds=timing.queue_s,
+                          averaging_seconds=timing.averaging_s)  # fmt: skip
+        response.hops.extend(hops)
+        return response
+
+    def _push(self, request: pb.TrainRequest, outputs: pb.Tensor, context: grpc.ServicerContext) -> pb.TrainResponse:
+        """The rest of the micro-batch, at the next stage's replica; its failure names the replica that failed."""
+        hop = request.next[0]
+        pushed = pb.TrainRequest(protocol_version=request.protocol_version, inputs=outputs, labels=request.labels,
+                                 response_codec=request.response_codec, request_id=hop.request_id,
+                                 next=request.next[1:])  # fmt: skip
+        remaining = context.time_remaining()
+        timeout = self.downstream.timeout_s if remaining is None else max(0.05, remaining - PUSH_MARGIN_S)
+        try:
+            return self.downstream.send_train(hop.address, pushed, timeout)
+        except SwarmError as error:
+            context.set_trailing_metadata(((FAILED_HOP_KEY, getattr(error, "failed_address", hop.address)),))
+            raise
+
+    @answers_errors
     def Info(self, request: pb.StageInfoRequest, context: grpc.ServicerContext) -> pb.StageInfoResponse:
         counters, identity = self.replica.counters, self.config
         return pb.StageInfoResponse(
@@ -87,6 +143,14 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
     @answers_errors
     def StepNow(self, request: pb.StepNowRequest, context: grpc.ServicerContext) -> pb.StepNowResponse:
         return pb.StepNowResponse(step=self.replica.step_now(int(request.step)))
+
+    @answers_errors
+    def Progress(self, request: pb.ProgressRequest, context: grpc.ServicerContext) -> pb.ProgressResponse:
+        if not request.peer_id:
+            raise InvalidRequest("peer_id is missing")
+        if self.heard is not None:  # before this replica serves, its siblings' counts are of no use to it
+            self.heard(request.peer_id, int(request.step), int(request.samples))
+        return pb.ProgressResponse()
 
     def _decode_request(self, request: pb.TrainRequest) -> tuple[torch.Tensor, torch.Tensor | None, pb.CodecChoice]:
         if request.protocol_version != pb.PROTOCOL_VERSION_CURRENT:

@@ -334,23 +334,45 @@ class HealthResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[PeerState, str]] = ..., protocol_version: _Optional[_Union[ProtocolVersion, str]] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
-    __slots__ = ("protocol_version", "inputs", "grad_outputs", "labels", "response_codec", "request_id")
+    __slots__ = ("protocol_version", "inputs", "grad_outputs", "labels", "response_codec", "request_id", "next")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     GRAD_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     inputs: Tensor
     grad_outputs: Tensor
     labels: Tensor
     response_codec: CodecChoice
     request_id: str
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., inputs: _Optional[_Union[Tensor, _Mapping]] = ..., grad_outputs: _Optional[_Union[Tensor, _Mapping]] = ..., labels: _Optional[_Union[Tensor, _Mapping]] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    next: _containers.RepeatedCompositeFieldContainer[ChainHop]
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., inputs: _Optional[_Union[Tensor, _Mapping]] = ..., grad_outputs: _Optional[_Union[Tensor, _Mapping]] = ..., labels: _Optional[_Union[Tensor, _Mapping]] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., request_id: _Optional[str] = ..., next: _Optional[_Iterable[_Union[ChainHop, _Mapping]]] = ...) -> None: ...
+
+class ChainHop(_message.Message):
+    __slots__ = ("address", "request_id")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    request_id: str
+    def __init__(self, address: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class HopReport(_message.Message):
+    __slots__ = ("step", "compute_seconds", "queue_seconds", "averaging_seconds")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AVERAGING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    compute_seconds: float
+    queue_seconds: float
+    averaging_seconds: float
+    def __init__(self, step: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., averaging_seconds: _Optional[float] = ...) -> None: ...
 
 class TrainResponse(_message.Message):
-    __slots__ = ("outputs", "grad_inputs", "loss", "step", "request_id", "compute_seconds", "queue_seconds", "averaging_seconds")
+    __slots__ = ("outputs", "grad_inputs", "loss", "step", "request_id", "compute_seconds", "queue_seconds", "averaging_seconds", "hops")
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     GRAD_INPUTS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +381,7 @@ class TrainResponse(_message.Message):
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     AVERAGING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
     outputs: Tensor
     grad_inputs: Tensor
     loss: float
@@ -367,7 +390,8 @@ class TrainResponse(_message.Message):
     compute_seconds: float
     queue_seconds: float
     averaging_seconds: float
-    def __init__(self, outputs: _Optional[_Union[Tensor, _Mapping]] = ..., grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., loss: _Optional[float] = ..., step: _Optional[int] = ..., request_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., averaging_seconds: _Optional[float] = ...) -> None: ...
+    hops: _containers.RepeatedCompositeFieldContainer[HopReport]
+    def __init__(self, outputs: _Optional[_Union[Tensor, _Mapping]] = ..., grad_inputs: _Optional[_Union[Tensor, _Mapping]] = ..., loss: _Optional[float] = ..., step: _Optional[int] = ..., request_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., averaging_seconds: _Optional[float] = ..., hops: _Optional[_Iterable[_Union[HopReport, _Mapping]]] = ...) -> None: ...
 
 class StageInfoRequest(_message.Message):
     __slots__ = ()
@@ -412,3 +436,17 @@ class StepNowResponse(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     step: int
     def __init__(self, step: _Optional[int] = ...) -> None: ...
+
+class ProgressRequest(_message.Message):
+    __slots__ = ("peer_id", "step", "samples")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    step: int
+    samples: int
+    def __init__(self, peer_id: _Optional[str] = ..., step: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class ProgressResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -468,6 +468,11 @@ class TrainingStageStub:
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.TrainRequest.SerializeToString,
                 response_deserializer=swarm_dot___proto_dot_swarm__pb2.TrainResponse.FromString,
                 _registered_method=True)
+        self.Train = channel.unary_unary(
+                '/rayswarm.v1.TrainingStage/Train',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.TrainRequest.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.TrainResponse.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/rayswarm.v1.TrainingStage/Info',
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.StageInfoRequest.SerializeToString,
@@ -477,6 +482,11 @@ class TrainingStageStub:
                 '/rayswarm.v1.TrainingStage/StepNow',
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.StepNowRequest.SerializeToString,
                 response_deserializer=swarm_dot___proto_dot_swarm__pb2.StepNowResponse.FromString,
+                _registered_method=True)
+        self.Progress = channel.unary_unary(
+                '/rayswarm.v1.TrainingStage/Progress',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.ProgressRequest.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.ProgressResponse.FromString,
                 _registered_method=True)
 
 
@@ -495,6 +505,14 @@ class TrainingStageServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Train(self, request, context):
+        """Forward here, the rest of the micro-batch at `next` (their failure: this call's status, with trailing
+        metadata `rayswarm-failed-hop` naming the address that failed), then Backward here: grad_inputs and loss.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Info(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -502,6 +520,12 @@ class TrainingStageServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StepNow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Progress(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -520,6 +544,11 @@ def add_TrainingStageServicer_to_server(servicer, server):
                     request_deserializer=swarm_dot___proto_dot_swarm__pb2.TrainRequest.FromString,
                     response_serializer=swarm_dot___proto_dot_swarm__pb2.TrainResponse.SerializeToString,
             ),
+            'Train': grpc.unary_unary_rpc_method_handler(
+                    servicer.Train,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.TrainRequest.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.TrainResponse.SerializeToString,
+            ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
                     request_deserializer=swarm_dot___proto_dot_swarm__pb2.StageInfoRequest.FromString,
@@ -529,6 +558,11 @@ def add_TrainingStageServicer_to_server(servicer, server):
                     servicer.StepNow,
                     request_deserializer=swarm_dot___proto_dot_swarm__pb2.StepNowRequest.FromString,
                     response_serializer=swarm_dot___proto_dot_swarm__pb2.StepNowResponse.SerializeToString,
+            ),
+            'Progress': grpc.unary_unary_rpc_method_handler(
+                    servicer.Progress,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.ProgressRequest.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.ProgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -596,6 +630,33 @@ class TrainingStage:
             _registered_method=True)
 
     @staticmethod
+    def Train(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rayswarm.v1.TrainingStage/Train',
+            swarm_dot___proto_dot_swarm__pb2.TrainRequest.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.TrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Info(request,
             target,
             options=(),
@@ -639,6 +700,33 @@ class TrainingStage:
             '/rayswarm.v1.TrainingStage/StepNow',
             swarm_dot___proto_dot_swarm__pb2.StepNowRequest.SerializeToString,
             swarm_dot___proto_dot_swarm__pb2.StepNowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Progress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rayswarm.v1.TrainingStage/Progress',
+            swarm_dot___proto_dot_swarm__pb2.ProgressRequest.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.ProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

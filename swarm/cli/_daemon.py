@@ -6,8 +6,9 @@ Also no_shared_memory_manager, for the commands that run a DHT node."""
 from __future__ import annotations
 
 import atexit
+import os
+import select
 import signal
-import threading
 from collections.abc import Callable
 from types import FrameType, TracebackType
 
@@ -25,15 +26,21 @@ class Interrupted(KeyboardInterrupt):
 class StopSignals:
     """`with StopSignals() as signals:` around the whole command, then `signals.wait(alive)` while it serves.
 
-    The handlers survive Ray's start (swarm/ray_cluster.py connect_ray keeps them)."""
+    The handlers survive Ray's start (swarm/ray_cluster.py connect_ray keeps them). A handler runs in the main thread
+    between two bytecodes, possibly inside `wait()` itself: it only sets a flag and writes a byte to a pipe, which
+    takes no lock (a `threading.Event.set()` there deadlocked against the `Event.wait()` it interrupted, which held
+    the event's lock, and the command never drained)."""
 
     def __init__(self) -> None:
-        self._stop = threading.Event()
+        self._stopping = False
+        self._wakeup_read, self._wakeup_write = -1, -1
         self._waiting = False
         self._raised: int | None = None  # the signal whose Interrupted was raised
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
+        self._wakeup_read, self._wakeup_write = os.pipe()
+        os.set_blocking(self._wakeup_write, False)
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         return self
 
@@ -42,6 +49,8 @@ class StopSignals:
     ) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
+        os.close(self._wakeup_read)
+        os.close(self._wakeup_write)
         # Registered last, so run first at exit: Ray's shutdown then takes about a second, and a Ctrl-C meanwhile
         # would only print a traceback.
         atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
@@ -49,8 +58,9 @@ class StopSignals:
             raise Interrupted(self._raised) from None  # ray.get turns what a handler raises into a KeyboardInterrupt
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._waiting and not self._stop.is_set():
-            self._stop.set()
+        if self._waiting and not self._stopping:
+            self._stopping = True
+            os.write(self._wakeup_write, b"\0")
             return
         self._raised = signum
         raise Interrupted(signum)
@@ -64,8 +74,9 @@ class StopSignals:
         """Block until a stop signal (True) or until `alive()` returns False (False)."""
         self._waiting = True
         try:
-            while not self._stop.wait(period_s):
-                if not alive():
+            while not self._stopping:
+                select.select([self._wakeup_read], [], [], period_s)  # returns at once once the handler wrote
+                if not self._stopping and not alive():
                     return False
             return True
         finally:

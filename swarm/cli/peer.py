@@ -100,9 +100,10 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument(
         "--quant",
-        choices=("none", "int8", "nf4"),
+        choices=("none", "int8", "nf4", "nf4-mixed"),  # swarm/partition/quantize.py's QUANT_MODES (no torch here)
         default="none",
-        help="weights of the blocks' linear layers: LLM.int8 (int8) or 4-bit NormalFloat (nf4), via bitsandbytes",
+        help="weights of the blocks' linear layers: LLM.int8 (int8) or 4-bit NormalFloat (nf4), via bitsandbytes; "
+        "nf4-mixed: attention's q/k/v and the MLP's down projection at 8 bits, the rest nf4",
     )
     add_host_flags(parser, what="gRPC server and the DHT node")
     parser.add_argument("--port", type=port, default=0, help="gRPC port (default: any free port)")

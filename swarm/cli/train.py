@@ -17,7 +17,7 @@ from pathlib import Path
 
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._hosts import add_host_flags
-from swarm.training.config import load_config
+from swarm.training.config import TrainConfig, load_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,8 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(ns: argparse.Namespace) -> int:
-    from swarm.ray_cluster import connect_ray
-    from swarm.training.job import TrainingJob
+    from swarm.ray_cluster import connect_ray, stdout_for_results_only
 
     credentials = "open" if ns.open else (str(ns.credentials) if ns.credentials else None)
     config = load_config(
@@ -64,6 +63,21 @@ def run_train(ns: argparse.Namespace) -> int:
         stage_port=ns.stage_port,
     )
     connect_ray(ns.ray_address or os.environ.get("RAY_ADDRESS"))
+    with stdout_for_results_only():  # stdout is the summary's alone
+        summary = _train(config)
+    if ns.export is not None and config.checkpoint.dir:
+        from swarm.training.export import export_run
+
+        summary["exported"] = str(ns.export)
+        summary["export_steps"] = export_run(config.checkpoint.dir, config.run_id, config.model, ns.export)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def _train(config: TrainConfig) -> dict:
+    """Run the job to its end; its summary (progress, evaluation loss, wall time)."""
+    from swarm.training.job import TrainingJob
+
     job = TrainingJob(config)
     started = time.monotonic()
     try:
@@ -74,13 +88,7 @@ def run_train(ns: argparse.Namespace) -> int:
         summary["wall_s"] = round(time.monotonic() - started, 1)
     finally:
         job.stop()
-    if ns.export is not None and config.checkpoint.dir:
-        from swarm.training.export import export_run
-
-        summary["exported"] = str(ns.export)
-        summary["export_steps"] = export_run(config.checkpoint.dir, config.run_id, config.model, ns.export)
-    print(json.dumps(summary), flush=True)
-    return 0
+    return summary
 
 
 def run_export(ns: argparse.Namespace) -> int:

@@ -2,6 +2,13 @@
 (`nf4`) layers while it loads, block by block, so that no more than one block is ever held in full precision.
 On a CPU the int8 layers compute weight-only (swarm/partition/int8_linear.py says why).
 
+`nf4-mixed` keeps the layers whose 4-bit rounding costs the most at 8 bits and the rest at nf4, as llama.cpp's
+Q4_K_M keeps attention's value and the MLP's down projection at more bits. Measured on SmolLM2 (benchmarks.quant,
+perplexity over tests/data/eval_text.txt against fp32): nf4 everywhere +25.9%; with one layer kind kept, the best
+(down_proj) still +14%; down_proj with k/v +9.9%; down_proj with q/k/v +5.9% at 17.9% of fp32's bytes (nf4 alone
+13.3%). Rounding errors compound through the block, so no single kind is to blame. On a 70B Llama the same mix
+holds 37% of the weights at 8 bits: 0.174 of fp32's bytes against nf4's 0.129 (`swarm peer join --dry-run`).
+
 Norms, rotary tables and the router of a sparse MoE block stay in the span's dtype: they are a sliver of the
 bytes, and rounding the router would change which experts a token goes to. The byte counts here are the ones
 bitsandbytes stores (int8: one byte per weight plus an fp32 scale per output row; nf4: half a byte per weight plus
@@ -19,8 +26,10 @@ from torch import nn
 
 from swarm.errors import InvalidRequest
 
-Quant = Literal["none", "int8", "nf4"]
-QUANT_MODES: tuple[str, ...] = ("none", "int8", "nf4")
+Quant = Literal["none", "int8", "nf4", "nf4-mixed"]
+QUANT_MODES: tuple[str, ...] = ("none", "int8", "nf4", "nf4-mixed")
+# nf4-mixed's 8-bit layers, by attribute name in each family's block (Phi-3's fused qkv_proj, Mixtral's experts' w2)
+MIXED_EIGHT_BIT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "down_proj", "w2"})
 KEEP_FULL = frozenset({"gate"})  # a sparse MoE block's router (swarm/partition/mixtral.py): routing stays exact
 INT8_OUTLIER_THRESHOLD = 6.0  # LLM.int8's: input features above it take the 16-bit path
 NF4_BLOCK = 64  # weights per 8-bit absmax scale
@@ -39,7 +48,14 @@ def quantize_linears(module: nn.Module, quant: Quant, device: str, compute_dtype
     if quant == "none":
         return
     for parent, name, linear in quantisable(module):
-        setattr(parent, name, quantized_linear(linear, quant, device, compute_dtype))
+        setattr(parent, name, quantized_linear(linear, layer_quant(name, quant), device, compute_dtype))
+
+
+def layer_quant(name: str, quant: Quant) -> Quant:
+    """What the linear layer called `name` is stored as when a span loads with `quant`."""
+    if quant == "nf4-mixed":
+        return "int8" if name in MIXED_EIGHT_BIT else "nf4"
+    return quant
 
 
 def quantisable(module: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -55,14 +71,18 @@ def quantisable(module: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 def planned_bytes(module: nn.Module, quant: Quant, dtype_bytes: int) -> int:
     """Bytes `module`'s weights would take loaded with `quant` in a dtype of `dtype_bytes`, from its shapes alone
     (build it on the meta device): quantisable layers at linear_bytes, everything else at `dtype_bytes`."""
-    layers = [linear for _, _, linear in quantisable(module)] if quant != "none" else []
-    quantised = {id(linear.weight) for linear in layers}
-    total = sum(linear_bytes(linear.in_features, linear.out_features, quant, dtype_bytes) for linear in layers)
+    layers = [(name, linear) for _, name, linear in quantisable(module)] if quant != "none" else []
+    quantised = {id(linear.weight) for _, linear in layers}
+    total = sum(
+        linear_bytes(linear.in_features, linear.out_features, layer_quant(name, quant), dtype_bytes)
+        for name, linear in layers
+    )
     return total + sum(p.numel() * dtype_bytes for p in module.parameters() if id(p) not in quantised)
 
 
 def quantized_linear(linear: nn.Linear, quant: Quant, device: str, compute_dtype: torch.dtype) -> nn.Module:
-    """`linear` as a bitsandbytes layer whose weight is quantised on `device` (bitsandbytes quantises on .to())."""
+    """`linear` as a bitsandbytes layer whose weight is quantised on `device` (bitsandbytes quantises on .to());
+    `quant` is int8 or nf4 (layer_quant resolves nf4-mixed per layer)."""
     import bitsandbytes as bnb
 
     has_bias = linear.bias is not None

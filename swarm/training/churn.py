@@ -45,6 +45,7 @@ class ReplicaChurn:
     period_s: float
     seed: int = 0
     max_kills: int | None = None  # stop killing once this many replicas were killed (None: until stop())
+    first_after_s: float | None = None  # the first kills this long after start() (None: one period)
     kills: int = 0
     last_kill_at: float | None = None  # time.monotonic() of the latest kill
     skipped: int = 0  # periods a stage was spared because one of its replicas was still restarting
@@ -108,7 +109,9 @@ class ReplicaChurn:
         import ray
 
         chooser = random.Random(self.seed)
-        while not self._stop.wait(self.period_s) and not self.done_killing:
+        wait_s = self.period_s if self.first_after_s is None else self.first_after_s
+        while not self._stop.wait(wait_s) and not self.done_killing:
+            wait_s = self.period_s
             for span, actors in self.job.stages.items():
                 try:  # only while every replica serves: never the last one holding the stage's state
                     infos = ray.get([actor.info.remote() for actor in actors], timeout=5)

@@ -17,6 +17,7 @@ from swarm.registry import Registry
 from swarm.registry.fork_guard import die_with_parent_on_fork
 from swarm.registry.hosts import HostConfig
 from swarm.security import SwarmCredentials
+from swarm.training import shared_memory
 from swarm.training.config import TrainConfig
 from swarm.training.trainer import Trainer
 
@@ -44,11 +45,13 @@ class TrainingJob:
         self.trainers: list[Any] = []
         self.runs: list[Any] = []
         self.initial_peers: list[str] = list(config.initial_peers)
+        self._shared_memory_before: set[str] = set()
 
     def start(self) -> None:
         """Start every actor the job needs and the trainers' loops (returns at once)."""
         import ray
 
+        self._shared_memory_before = shared_memory.snapshot()
         if not self.initial_peers:
             self.bootstrap = (
                 ray.remote(RunBootstrap).options(num_cpus=0).remote(self.config.credentials, self.config.hosts)
@@ -128,6 +131,17 @@ class TrainingJob:
         ray.get(self.runs)  # raise a trainer's failure here
         return self.progress()
 
+    def wait_replicas_agree(self, timeout_s: float = 30.0, poll_s: float = 0.2) -> dict[tuple[int, int], list[int]]:
+        """Wait until the replicas of each stage report the same step, at most `timeout_s`; returns each stage's
+        replica steps as last seen. The trainers stop once some replica of every stage answered with the last step,
+        while a sibling may still be applying it: read parameters after this, not right after wait()."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            steps = {span: [info["step"] for info in infos] for span, infos in self.stage_infos().items()}
+            if all(len(set(s)) == 1 for s in steps.values()) or time.monotonic() > deadline:
+                return steps
+            time.sleep(poll_s)
+
     def eval_loss(self) -> float:
         import ray
 
@@ -152,6 +166,8 @@ class TrainingJob:
         if self.bootstrap is not None:
             ray.kill(self.bootstrap, no_restart=True)
         time.sleep(0.2)
+        # what replicas killed by churn and by the kills above left in RAM (on this machine; a remote node's stay)
+        shared_memory.remove_orphaned(self._shared_memory_before)
 
 
 def _quietly(call: Callable[[], Any]) -> None:

@@ -1,6 +1,9 @@
-"""The TrainingStage RPCs as a trainer makes them: tensors in, tensors out, failures as swarm errors.
+"""The TrainingStage RPCs as a trainer (or a stage pushing to the next one) makes them: tensors in, tensors out,
+failures as swarm errors.
 
-Hidden states and gradients travel with the job's codec (8-bit by default); token ids and labels travel exact.
+Hidden states and gradients travel with the job's codec (8-bit by default); token ids and labels travel exact. A
+failed Train call names the stage replica that failed (the raised error's `failed_address`): the deepest one, as
+the stages report it in trailing metadata, or the one called when none does.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.channels import PeerStubs
 from swarm.codec import CodecId, decode, encode
-from swarm.errors import error_for
+from swarm.errors import SwarmError, error_for
 from swarm.security import SwarmCredentials
 
 MAX_MESSAGE_BYTES = 256 << 20
+FAILED_HOP_KEY = "rayswarm-failed-hop"  # trailing metadata of a failed Train call: the replica that failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +38,46 @@ class StageAnswer:
     @property
     def transfer_s(self) -> float:
         return max(0.0, self.wall_s - self.compute_s - self.queue_s - self.averaging_s)
+
+
+@dataclass(frozen=True, slots=True)
+class HopTiming:
+    """One stage's part of a Train call."""
+
+    step: int
+    compute_s: float
+    queue_s: float
+    averaging_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChainAnswer:
+    """A micro-batch pushed through every stage by Train: its loss, and each stage's part in route order."""
+
+    loss: float
+    hops: list[HopTiming]
+    wall_s: float
+
+    @property
+    def transfer_s(self) -> float:
+        spent = sum(h.compute_s + h.queue_s + h.averaging_s for h in self.hops)
+        return max(0.0, self.wall_s - spent)
+
+
+def failed_hop(error: grpc.RpcError, called: str) -> str:
+    """The replica that failed a Train call: the one its stages named in trailing metadata, else the one called."""
+    for key, value in error.trailing_metadata() or ():
+        if key == FAILED_HOP_KEY:
+            return value
+    return called
+
+
+def chain_error(error: grpc.RpcError, called: str) -> SwarmError:
+    """The swarm error for a failed Train call (the same type as for any call with its status), naming the
+    replica that failed in `.failed_address`."""
+    swarm_error = error_for(error.code(), error.details() or "")
+    swarm_error.failed_address = failed_hop(error, called)
+    return swarm_error
 
 
 class StageCalls:
@@ -64,6 +108,42 @@ class StageCalls:
         request = self._request(inputs, grad_outputs, labels)
         request.request_id = request_id
         return self._call(address, "Backward", request, "grad_inputs", started)
+
+    def train(
+        self,
+        address: str,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        request_id: str,
+        later: list[tuple[str, str]],
+    ) -> ChainAnswer:
+        """The whole micro-batch through the stages: `address` (the first stage, `request_id` its backward's id),
+        then `later` as (address, request id) of a replica of each later stage, in order.
+
+        Raises:
+            SwarmError: of the failed call's status, with `.failed_address` naming the replica that failed.
+        """
+        started = time.perf_counter()
+        request = self._request(inputs, labels=labels)
+        request.request_id = request_id
+        request.next.extend(pb.ChainHop(address=a, request_id=r) for a, r in later)
+        response = self.send_train(address, request, self.timeout_s)
+        hops = [HopTiming(h.step, h.compute_seconds, h.queue_seconds, h.averaging_seconds) for h in response.hops]
+        return ChainAnswer(response.loss, hops, time.perf_counter() - started)
+
+    def send_train(self, address: str, request: pb.TrainRequest, timeout_s: float) -> pb.TrainResponse:
+        """One Train call as it is (a stage passes its request's labels and later hops on without decoding them).
+
+        Raises:
+            SwarmError: as train() does.
+        """
+        try:
+            response = self.stubs(address).Train(request, timeout=timeout_s)
+        except grpc.RpcError as error:
+            raise chain_error(error, address) from error
+        self.bytes_sent += request.ByteSize()
+        self.bytes_received += response.ByteSize()
+        return response
 
     def info(self, address: str, timeout_s: float = 5.0) -> pb.StageInfoResponse:
         try:

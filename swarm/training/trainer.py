@@ -144,6 +144,43 @@ class Trainer:
         started = time.perf_counter()
         route = list(self._route(input_ids.numel()))
         batch_id = uuid.uuid4().hex  # with the stage's position, names each backward across its retries
+        if self.config.push_activations:
+            loss = self._push(route, input_ids, labels, batch_id)
+        else:
+            loss = self._relay(route, input_ids, labels, batch_id)
+        with self._lock:
+            self.progress.samples += input_ids.shape[0]
+            self.progress.micro_batches += 1
+            self.progress.micro_batch_s += time.perf_counter() - started
+            self.progress.recent_losses.append(loss)
+        return loss
+
+    def _push(self, route: list[Hop], input_ids: torch.Tensor, labels: torch.Tensor, batch_id: str) -> float:
+        """The stages pass the micro-batch on to each other (Train); a failed replica, wherever in the route, is
+        replaced and the whole micro-batch sent again under the same request ids, so a stage that already applied
+        its backward answers it again rather than applying it twice."""
+        for attempt in range(self.config.max_retries + 1):
+            later = [(hop.address, f"{batch_id}:{i}") for i, hop in enumerate(route)][1:]
+            try:
+                answer = self.calls.train(route[0].address, input_ids, labels, f"{batch_id}:0", later)
+            except InvalidRequest:
+                raise  # the same request would fail anywhere
+            except SwarmError as error:
+                if attempt == self.config.max_retries:
+                    raise
+                addresses = [hop.address for hop in route]
+                failed = getattr(error, "failed_address", route[0].address)
+                self._replace(route, addresses.index(failed) if failed in addresses else 0, error, input_ids.numel())
+                continue
+            for hop, timing in zip(route, answer.hops, strict=False):
+                self._account_stage(hop, timing.step, timing.compute_s, timing.queue_s, timing.averaging_s)
+            with self._lock:
+                self.progress.transfer_s += answer.transfer_s
+            return answer.loss
+        raise AssertionError("unreachable")
+
+    def _relay(self, route: list[Hop], input_ids: torch.Tensor, labels: torch.Tensor, batch_id: str) -> float:
+        """The trainer carries every tensor: forward stage by stage, then backward in reverse."""
         inputs = [input_ids]
         for position in range(len(route) - 1):
             answer = self._call(route, position, "forward", inputs[position], request_id=f"{batch_id}:{position}")
@@ -155,11 +192,6 @@ class Trainer:
             grad = self._call(
                 route, position, "backward", inputs[position], grad_outputs=grad, request_id=f"{batch_id}:{position}"
             ).tensor
-        with self._lock:
-            self.progress.samples += input_ids.shape[0]
-            self.progress.micro_batches += 1
-            self.progress.micro_batch_s += time.perf_counter() - started
-            self.progress.recent_losses.append(last.loss)
         return last.loss
 
     def evaluate(self, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
@@ -220,13 +252,17 @@ class Trainer:
                 time.sleep(0.2)
 
     def _account(self, hop: Hop, answer: StageAnswer) -> None:
+        self._account_stage(hop, answer.step, answer.compute_s, answer.queue_s, answer.averaging_s)
+        with self._lock:
+            self.progress.transfer_s += answer.transfer_s
+
+    def _account_stage(self, hop: Hop, step: int, compute_s: float, queue_s: float, averaging_s: float) -> None:
         stage = f"{hop.span.start}-{hop.span.end}"
         with self._lock:
-            self.progress.stage_steps[stage] = max(self.progress.stage_steps.get(stage, 0), answer.step)
-            self.progress.compute_s += answer.compute_s
-            self.progress.transfer_s += answer.transfer_s
-            self.progress.queue_s += answer.queue_s
-            self.progress.averaging_s += answer.averaging_s
+            self.progress.stage_steps[stage] = max(self.progress.stage_steps.get(stage, 0), step)
+            self.progress.compute_s += compute_s
+            self.progress.queue_s += queue_s
+            self.progress.averaging_s += averaging_s
 
     # ---- control ----
 

@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,9 @@ class Daemon:
         self.process.send_signal(signal.SIGTERM)
         try:
             return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            tail = self.out.tail(4000)
+            raise AssertionError(f"no exit within {timeout_s} s of SIGTERM; output so far:\n{tail}") from None
         finally:
             self.kill()
 

@@ -1,6 +1,6 @@
-"""Peers serving int8 and nf4 weights (bitsandbytes, `swarm peer join --quant`): greedy generation through a 2-peer
-swarm over gRPC (real DHT, DistributedModelForCausalLM, codec NONE) gives the tokens the same quantised blocks give
-when chained locally; perplexity with each is in benchmarks.quant."""
+"""Peers serving int8, nf4 and nf4-mixed weights (bitsandbytes, `swarm peer join --quant`): greedy generation through a
+2-peer swarm over gRPC (real DHT, DistributedModelForCausalLM, codec NONE) gives the tokens the same quantised blocks
+give when chained locally; perplexity with each is in benchmarks.quant."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def chained_greedy(head, spans, input_ids: torch.Tensor, new_tokens: int) -> lis
     return tokens
 
 
-@pytest.mark.parametrize("quant", ["int8", "nf4"])
+@pytest.mark.parametrize("quant", ["int8", "nf4", "nf4-mixed"])
 def test_a_swarm_of_quantised_peers_generates_what_its_blocks_give_locally(smollm2_path: Path, quant: str) -> None:
     input_ids = torch.tensor([[504, 2365, 282, 260, 3300, 2023, 3554]])
     with two_peers(smollm2_path, quant=quant) as (registry, servers):

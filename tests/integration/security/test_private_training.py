@@ -88,8 +88,10 @@ def _train_request() -> pb.TrainRequest:
 CALLS = {
     "Forward": lambda ch: pb_grpc.TrainingStageStub(ch).Forward(_train_request(), timeout=30),
     "Backward": lambda ch: pb_grpc.TrainingStageStub(ch).Backward(_train_request(), timeout=30),
+    "Train": lambda ch: pb_grpc.TrainingStageStub(ch).Train(_train_request(), timeout=30),
     "Info": lambda ch: pb_grpc.TrainingStageStub(ch).Info(pb.StageInfoRequest(), timeout=30),
     "StepNow": lambda ch: pb_grpc.TrainingStageStub(ch).StepNow(pb.StepNowRequest(step=10**6), timeout=30),
+    "Progress": lambda ch: pb_grpc.TrainingStageStub(ch).Progress(pb.ProgressRequest(peer_id="x"), timeout=30),
     "grpc.health Check": lambda ch: health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=30),
 }
 

@@ -19,9 +19,11 @@ from swarm.training.trainer import Trainer
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def trained(make_config):
-    config = make_config("equivalence", codec="NONE", inflight=1, target_batch=16, steps=STEPS)
+@pytest.fixture(scope="module", params=[True, False], ids=["pushed stage to stage", "carried by the trainer"])
+def trained(make_config, request):
+    config = make_config(
+        "equivalence", codec="NONE", inflight=1, target_batch=16, steps=STEPS, push_activations=request.param
+    )
     first = TrainingStagePeer(config, 0, 2, [])
     second = TrainingStagePeer(config, 2, 4, first.registry.addresses)
     trainer = Trainer(config, 0, first.registry.addresses)

@@ -62,3 +62,14 @@ def test_main_exits_128_plus_the_signal(
     monkeypatch.setattr(monitor, "run", interrupted)
     assert main(["monitor", "--open", "--initial-peers", ADDRESS]) == 128 + signum
     assert capsys.readouterr().err == f"swarm monitor: {line}\n"
+
+
+def test_a_signal_that_lands_inside_the_wait_loop_always_ends_it() -> None:
+    """The handler runs between two bytecodes of the main thread, wherever it is in wait(): with a wait that only
+    polls, the signal lands mid-loop. The old handler set a threading.Event and deadlocked against the Event.wait()
+    it interrupted, which held the event's lock (this test hung on it; `swarm peer join` hung about one SIGTERM in
+    four, and never drained: CI's test_peer_footprint timed out)."""
+    for _ in range(30):
+        with StopSignals() as signals:
+            send_soon(signal.SIGTERM, delay_s=0.02)
+            assert signals.wait(lambda: True, period_s=0.0) is True

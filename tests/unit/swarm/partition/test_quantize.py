@@ -43,7 +43,9 @@ def hidden(smollm2_path: Path) -> torch.Tensor:
         return head.embed(ids)
 
 
-@pytest.mark.parametrize(("quant", "max_bytes_ratio", "max_error"), [("int8", 0.30, 0.05), ("nf4", 0.18, 0.25)])
+@pytest.mark.parametrize(
+    ("quant", "max_bytes_ratio", "max_error"), [("int8", 0.30, 0.05), ("nf4", 0.18, 0.25), ("nf4-mixed", 0.18, 0.25)]
+)
 def test_quantised_blocks_are_smaller_and_compute_nearly_the_same(
     smollm2_path, fp32_span, hidden, quant, max_bytes_ratio, max_error
 ) -> None:
@@ -90,7 +92,7 @@ def quantize_one(linear: nn.Linear, kind: type) -> nn.Module:
     return layer.to("cpu").eval()  # bitsandbytes takes its training path (weights only) in train mode
 
 
-@pytest.mark.parametrize("quant", ["int8", "nf4"])
+@pytest.mark.parametrize("quant", ["int8", "nf4", "nf4-mixed"])
 def test_the_plan_from_shapes_alone_matches_what_loading_holds(quant) -> None:
     """A block built on the meta device is planned at the bytes bitsandbytes really keeps once the same block's
     real weights are quantised (scales included): within 1%."""
@@ -105,6 +107,23 @@ def test_the_plan_from_shapes_alone_matches_what_loading_holds(quant) -> None:
     assert abs(planned / held - 1) <= 0.01, (planned, held)
 
 
+def test_nf4_mixed_keeps_attention_inputs_and_down_projections_at_8_bits_and_errs_less_than_nf4(
+    smollm2_path, fp32_span, hidden
+) -> None:
+    from swarm.partition.int8_linear import Int8Linear
+
+    span = load_span(smollm2_path, 0, 2, quant="nf4-mixed")
+    kinds = {name.rsplit(".", 1)[-1]: type(m).__name__ for name, m in span.blocks[0].named_modules() if "proj" in name}
+    eight_bit = {name for name, kind in kinds.items() if kind == Int8Linear.__name__}
+    assert eight_bit == {"q_proj", "k_proj", "v_proj", "down_proj"}, kinds
+    assert {kinds[name] for name in ("o_proj", "gate_proj", "up_proj")} == {"Linear4bit"}
+    with torch.no_grad():
+        expected = fp32_span(hidden)
+        errors = {q: float((s(hidden) - expected).norm() / expected.norm()) for q, s in
+                  (("nf4-mixed", span), ("nf4", load_span(smollm2_path, 0, 2, quant="nf4")))}  # fmt: skip
+    assert errors["nf4-mixed"] < errors["nf4"], errors
+
+
 def test_a_moe_router_keeps_full_precision_while_experts_are_quantised() -> None:
     architecture = architecture_of("mixtral")
     cfg = architecture.block_config(tiny_config("mixtral", hidden_size=128, intermediate_size=256))
@@ -116,7 +135,7 @@ def test_a_moe_router_keeps_full_precision_while_experts_are_quantised() -> None
 
 
 def test_an_unknown_quant_is_refused_with_the_choices() -> None:
-    with pytest.raises(InvalidRequest, match=r"none.*int8.*nf4"):
+    with pytest.raises(InvalidRequest, match=r"none.*int8.*nf4.*nf4-mixed"):
         check_quant("fp8")
 
 

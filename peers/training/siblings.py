@@ -1,0 +1,125 @@
+"""The other replicas of a stage: who they are (the DHT, re-read every second), the StepNow broadcast, and their
+sample counts toward the next step.
+
+Each replica sends its siblings its count after its backwards (Progress, one unary RPC, the latest count only), so
+the replica whose backward brings the stage's sum to the target batch knows it and starts the step. Through the
+DHT (hivemind's progress records, polled every 0.1-0.5 s) each count went from the replica through hivemind's DHT
+process and two p2p daemons to the bootstrap node and back to every sibling: on 2 cores the DHT processes and
+daemons took about a third of the CPU of a training run, more than the stage replicas' gRPC and codecs together.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+import grpc
+
+from swarm._proto import swarm_pb2 as pb
+from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.channels import PeerStubs
+from swarm.registry import Registry
+from swarm.training.config import TrainConfig
+from swarm.types import PeerState, Span
+
+logger = logging.getLogger(__name__)
+
+STEP_NOW_TIMEOUT_S = 60.0
+PROGRESS_TIMEOUT_S = 2.0
+REFRESH_PERIOD_S = 1.0
+
+
+class SiblingReplicas:
+    def __init__(
+        self, registry: Registry, config: TrainConfig, span: Span, peer_id: str, stop: threading.Event, ttl_s: float
+    ) -> None:
+        self.registry, self.dht_key, self.span, self.peer_id = registry, config.dht_key, span, peer_id
+        self.online: dict[str, str] = {}  # peer id -> address of the ONLINE siblings, as the DHT says
+        self.joining = 0  # siblings still taking the stage's state
+        self.ttl_s = ttl_s  # of their DHT records
+        self._unreachable: dict[str, float] = {}  # address -> when a call to it found nobody there
+        self._counts: dict[str, tuple[int, int]] = {}  # peer id -> (step, samples toward it), as it last said
+        self._outgoing: tuple[int, int] | None = None  # this replica's count, not sent yet
+        self._wake = threading.Condition()
+        self.stubs = PeerStubs(config.credentials, stub_type=pb_grpc.TrainingStageStub)
+        self._stop = stop
+        self._refresh()
+        threading.Thread(target=self._refresh_loop, daemon=True, name="stage-siblings").start()
+        threading.Thread(target=self._send_loop, daemon=True, name="stage-progress").start()
+
+    @property
+    def addresses(self) -> list[str]:
+        """ONLINE siblings, less those a call just found dead: their records outlive them by up to a TTL, and
+        counting them would make this replica wait for rounds they cannot join."""
+        now = time.monotonic()
+        return [a for a in self.online.values() if now - self._unreachable.get(a, -math.inf) > self.ttl_s]
+
+    def count(self) -> int:
+        """Replicas this one averages with, itself included. A JOINING sibling counts: the stage does not step
+        without it (rounds fail and are retried) until it serves or its record expires."""
+        return 1 + len(self.addresses) + self.joining
+
+    # ---- sample counts ----
+
+    def heard(self, peer_id: str, step: int, samples: int) -> None:
+        """A sibling's count (its Progress call)."""
+        self._counts[peer_id] = (step, samples)
+
+    def samples_toward(self, step: int) -> int:
+        """The live siblings' samples toward `step`, as they last said (a sibling at another step adds none)."""
+        live = set(self.addresses)
+        counts = [self._counts.get(peer_id) for peer_id, address in self.online.items() if address in live]
+        return sum(count[1] for count in counts if count is not None and count[0] == step)
+
+    def tell_progress(self, step: int, samples: int) -> None:
+        """Send this replica's count to its siblings soon (returns at once; a newer count replaces an unsent one)."""
+        with self._wake:
+            self._outgoing = (step, samples)
+            self._wake.notify()
+
+    def _send_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._wake:
+                self._wake.wait_for(lambda: self._outgoing is not None or self._stop.is_set(), timeout=1.0)
+                outgoing, self._outgoing = self._outgoing, None
+            if outgoing is None:
+                continue
+            request = pb.ProgressRequest(peer_id=self.peer_id, step=outgoing[0], samples=outgoing[1])
+            for address in self.addresses:
+                self._call(address, "Progress", request, PROGRESS_TIMEOUT_S)
+
+    # ---- steps ----
+
+    def start_step(self, step: int) -> None:
+        """Tell every sibling to join step `step` now; returns at once (each call waits for its replica's lock)."""
+        for address in self.addresses:
+            call = (address, "StepNow", pb.StepNowRequest(step=step), STEP_NOW_TIMEOUT_S)
+            threading.Thread(target=self._call, args=call, daemon=True).start()
+
+    def _call(self, address: str, method: str, request: object, timeout_s: float) -> None:
+        try:
+            getattr(self.stubs(address), method)(request, timeout=timeout_s)
+        except grpc.RpcError as error:  # dead or restarting: the stage goes on without it
+            logger.info("%s to %s failed: %s", method, address, error.code())
+            if error.code() is grpc.StatusCode.UNAVAILABLE:
+                self._unreachable[address] = time.monotonic()
+
+    # ---- membership ----
+
+    def _refresh(self) -> None:
+        try:
+            peers = self.registry.peers(self.dht_key)
+        except Exception as error:  # the DHT is shutting down
+            logger.debug("cannot read sibling replicas: %s", error)
+            return
+        siblings = [p for p in peers if p.span == self.span and p.peer_id != self.peer_id]
+        self.online = {p.peer_id: p.address for p in siblings if p.state is PeerState.ONLINE}
+        self.joining = sum(p.state is PeerState.JOINING for p in siblings)
+        for peer_id in [p for p in self._counts if p not in self.online]:  # gone, or rejoining with nothing counted
+            self._counts.pop(peer_id, None)
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(REFRESH_PERIOD_S):
+            self._refresh()
