@@ -1,21 +1,23 @@
 """How long a real `swarm peer join` takes to start and how much memory it holds, all its processes counted.
 
-Starts a `swarm dht` bootstrap, then `swarm peer join --blocks 0:15` of SmolLM2 against it (its own local Ray), and
-prints one JSON object: `start_s` (process start to the "serving" line, the peer announced ONLINE), `weights_load_s`
-(the stage actor's `load_span`, as it reports), `start_without_weights_s` (the difference, the figure the target is
-about), memory summed over the peer's process tree (the command, Ray's gcs_server, raylet, agents and workers, the
-DHT process, p2pd): `distinct_mib` (below), `pss_mib` (each shared page split between the processes that map it),
-`uss_mib` (pages only that process maps) and `rss_mib` (counts shared library pages once per process, so it
-overstates a tree of processes), a per-process breakdown, and
-the targets of issue 15: `start_within_10s` and `memory_within_0_93_gib` (<= 0.93 GiB, what a Petals 2.2 server
-with the same blocks holds on this machine).
+Starts a `swarm dht` bootstrap, then `swarm peer join --blocks 0:15` of SmolLM2 against it, once per mode: `ray`
+(the stage in a Ray actor on the peer's own local Ray) and `no_ray` (`--no-ray`: the stage in the command's process),
+one after the other, and prints one JSON object with an object per mode, each with: `start_s` (process start to the
+"serving" line, the peer announced ONLINE), `weights_load_s` (the stage's `load_span`, as it reports),
+`start_without_weights_s` (the difference, the figure the target is about), memory summed over the peer's process
+tree (the command, Ray's gcs_server, raylet, agents and workers, the DHT process, p2pd): `distinct_mib` (below),
+`pss_mib` (each shared page split between the processes that map it), `uss_mib` (pages only that process maps) and
+`rss_mib` (counts shared library pages once per process, so it overstates a tree of processes), a per-process
+breakdown, and the targets of issue 15: `start_within_10s` and `memory_within_0_93_gib` (<= 0.93 GiB, what a Petals
+2.2 server with the same blocks holds on this machine); the top level repeats them for each mode.
 
 The memory compared is `distinct_mib`: every physical page resident in any of the tree's processes, counted once
 (from /proc/PID/pagemap, so root only). It is what the tree would free if it exited, and it does not depend on what
 else runs: PSS and USS do (a page of libtorch that another engineer's process maps too is half ours in PSS and not
 ours at all in USS), so on this shared machine they moved by 300 MiB between runs of the same code.
 
-Run: `python -m benchmarks.peer_footprint --model .cache/models/smollm2-135m [--settle-s 5] [-- EXTRA JOIN FLAGS]`
+Run: `python -m benchmarks.peer_footprint --model .cache/models/smollm2-135m [--settle-s 5] [--modes ray,no_ray]
+[-- EXTRA JOIN FLAGS]`
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 START_TARGET_S = 10.0
 MEMORY_TARGET_MIB = 0.93 * 1024
+MODE_FLAGS = {"ray": [], "no_ray": ["--no-ray"]}
 
 
 def wait_line(out: OutputLines, pattern: str, timeout_s: float):
@@ -150,9 +153,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=".cache/models/smollm2-135m")
     parser.add_argument("--settle-s", type=float, default=5.0, help="seconds between serving and measuring memory")
+    parser.add_argument("--modes", default="ray,no_ray", help="comma-separated: ray, no_ray (--no-ray)")
     parser.add_argument("join_flags", nargs="*", help="extra `swarm peer join` flags (after --)")
     ns = parser.parse_args()
-    print(json.dumps(measure(ns.model, ns.settle_s, ns.join_flags)), flush=True)
+    result: dict = {"benchmark": "peer_footprint"}
+    for mode in ns.modes.split(","):
+        flags = [*ns.join_flags, *MODE_FLAGS[mode]]
+        result[mode] = measure(ns.model, ns.settle_s, flags)
+        for target in ("start_within_10s", "memory_within_0_93_gib", "distinct_mib", "start_without_weights_s"):
+            result[f"{target}_{mode}"] = result[mode][target]
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

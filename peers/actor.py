@@ -1,4 +1,5 @@
-"""The stage actor: the part of a peer that lives inside a Ray actor. It loads its blocks, serves them over gRPC
+"""The stage actor: the part of a peer that lives inside a Ray actor (or, with `--no-ray`, in the peer's own process:
+peers/stage_handle.py). It loads its blocks, serves them over gRPC
 and reports how it is doing; peers/daemon.py announces it in the DHT and drains it.
 
 The DHT deliberately stays out of this process: hivemind forks helper processes that inherit the worker's
@@ -26,10 +27,12 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 class StagePeer:
-    """Plain class; peers/launch.py wraps it with ray.remote. When Ray restarts it, __init__ runs again."""
+    """Plain class; peers/launch.py wraps it with ray.remote (when Ray restarts it, __init__ runs again), and
+    peers/stage_handle.py InProcessStage builds it as it is."""
 
     def __init__(self, config: PeerConfig, peer_id: str, span: Span) -> None:
         self.config, self.peer_id, self.span = config, peer_id, span
+        self._stopped = False
         torch.set_num_threads(config.threads or os.cpu_count() or 1)
         dtype = TORCH_DTYPES[config.dtype]
         started = time.monotonic()
@@ -66,5 +69,14 @@ class StagePeer:
     def drain(self) -> bool:
         """Refuse new sessions, let in-flight work finish within the grace period, stop serving."""
         finished = self.server.drain(self.config.drain_grace_s)
+        self._stopped = True
         logger.info("peer=%s drained finished=%s", self.peer_id, finished)
         return finished
+
+    def stop(self) -> None:
+        """Stop serving at once and free the ports, for a stage that ends while its process goes on (in a Ray actor
+        the process ends with it)."""
+        if not self._stopped:
+            self._stopped = True
+            self.server.stop()
+        self.server.metrics.close()

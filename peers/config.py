@@ -53,6 +53,7 @@ class PeerConfig:
     threads: int = 0  # torch threads for compute; 0: one per core
     max_restarts: int = 10  # times Ray restarts a crashed stage actor (-1: forever)
     ray_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources the stage actor needs (pins it to nodes)
+    in_process: bool = False  # the stage in the daemon's own process, no Ray (`--no-ray`; peers/stage_handle.py)
     server: ServerConfig = field(default_factory=ServerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
@@ -77,6 +78,8 @@ class PeerConfig:
             raise ValueError("give --blocks or --num-blocks, not both")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.in_process and self.ray_resources:
+            raise ValueError("ray_resources pin a Ray actor: an in-process stage has none")
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> PeerConfig:
@@ -127,6 +130,7 @@ class PeerConfig:
             drain_grace_s=ns.drain_grace,
             threads=getattr(ns, "threads", 0),
             ray_resources=parse_resources(getattr(ns, "ray_resources", None)),
+            in_process=getattr(ns, "no_ray", False),
             server=server,
             placement=placement,
         )

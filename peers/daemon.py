@@ -1,8 +1,9 @@
-"""A peer as the swarm sees it: chooses its span, announces JOINING, starts the stage actor, keeps the record
-fresh with what the actor measures, moves to other blocks when its rebalancer says so, and on drain announces
-OFFLINE before the actor finishes its work.
+"""A peer as the swarm sees it: chooses its span, announces JOINING, starts the stage (a Ray actor, or with
+`--no-ray` a part of this process: peers/stage_handle.py), keeps the record fresh with what the stage measures,
+moves to other blocks when its rebalancer says so, and on drain announces OFFLINE before the stage finishes its
+work.
 
-Runs in the process that owns the actor (`swarm peer join`, `swarm up`), next to its DHT node.
+Runs in the process that owns the stage (`swarm peer join`, `swarm up`), next to its DHT node.
 """
 
 from __future__ import annotations
@@ -13,19 +14,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from peers.config import PeerConfig
 from peers.memory import blocks_for_peer
 from peers.placement import UNMEASURED_TOKENS_PER_S, BlockLoad, choose_joining_span
 from peers.rebalance import Rebalancer
+from peers.stage_handle import DrainOutcome, StageHandle, start_stage
 from swarm.partition import open_checkpoint
 from swarm.registry import Announcer, Registry
 from swarm.types import PeerInfo, PeerState, Span
 
 logger = logging.getLogger(__name__)
 
-ACTOR_INFO_TIMEOUT_S = 5.0
+STAGE_INFO_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 600.0
 
 
@@ -44,9 +45,9 @@ class PeerDaemon:
         self.expected_throughput = UNMEASURED_TOKENS_PER_S  # announced while JOINING, so placement counts the claim
         self.span = self._choose_span()
         self.state = PeerState.JOINING
-        self.actor: Any = None
+        self.stage: StageHandle | None = None
         self.last_info: dict | None = None
-        self._lock = threading.Lock()  # span, state and actor change together (moves) and are read together
+        self._lock = threading.Lock()  # span, state and stage change together (moves) and are read together
         self._move_lock = threading.Lock()  # held for a whole move; draining waits for it
         self.announcer = Announcer(registry, self.describe, config.announce_period_s, config.ttl_s)
         self.rebalancer = (
@@ -56,17 +57,14 @@ class PeerDaemon:
         )
 
     def launch(self) -> None:
-        """Announce JOINING and start the actor (it loads its blocks in the background)."""
-        from peers.launch import spawn_peer
-
+        """Announce JOINING and start the stage (it loads its blocks in the background)."""
         self.announcer.announce_now()
-        self.actor = spawn_peer(self.config, self.peer_id, self.span)
+        self.stage = start_stage(self.config, self.peer_id, self.span)
 
     def wait_serving(self, timeout_s: float = 600) -> dict:
-        """Wait until the actor serves, then announce ONLINE and keep the record fresh; returns its info."""
-        from peers.launch import wait_ready
-
-        self.last_info = wait_ready(self.actor, timeout_s)
+        """Wait until the stage serves, then announce ONLINE and keep the record fresh; returns its info."""
+        assert self.stage is not None, "launch() first"
+        self.last_info = self.stage.info(timeout_s)
         self.state = PeerState.ONLINE
         self.announcer.start()
         if self.rebalancer is not None:
@@ -74,16 +72,16 @@ class PeerDaemon:
         return self.last_info
 
     def describe(self) -> PeerInfo:
-        """The record to announce. While the actor cannot answer (Ray is restarting it) the peer shows as JOINING:
+        """The record to announce. While the stage cannot answer (Ray is restarting it) the peer shows as JOINING:
         announced, not serving."""
         with self._lock:
-            state, span, actor = self.state, self.span, self.actor
-        if actor is None or state is not PeerState.ONLINE:
+            state, span, stage = self.state, self.span, self.stage
+        if stage is None or state is not PeerState.ONLINE:
             return self._record(state, span)
         try:
-            live = _actor_info(actor)
+            live = stage.info(STAGE_INFO_TIMEOUT_S)
         except Exception as error:  # unavailable, restarting, or dead for good
-            logger.warning("peer=%s actor not answering: %s", self.peer_id, error)
+            logger.warning("peer=%s stage not answering: %s", self.peer_id, error)
             return self._record(PeerState.JOINING, span)
         if self.last_info is not None and live["pid"] != self.last_info["pid"]:
             logger.warning("peer=%s stage actor restarted by Ray: pid %s", self.peer_id, live["pid"])
@@ -115,60 +113,51 @@ class PeerDaemon:
         )
 
     def alive(self) -> bool:
-        """False once Ray has given up on the actor (it restarts it on its own before that)."""
-        import ray
-
+        """False once the stage is gone for good (Ray restarts a crashed actor on its own before that)."""
         with self._lock:
-            actor = self.actor
-        try:
-            _actor_info(actor)
-        except ray.exceptions.RayActorError as error:
-            if not isinstance(error, ray.exceptions.ActorDiedError):
-                return True
-            with self._lock:
-                return actor is not self.actor  # killed on purpose by a move, which started another
-        except Exception:  # busy or restarting
+            stage = self.stage
+        if stage is None or not stage.dead_for_good():
             return True
-        return True
+        with self._lock:
+            return stage is not self.stage  # killed on purpose by a move, which started another
 
     def move_to(self, span: Span) -> None:
         """Serve `span` instead: announce it as JOINING at once (routers stop sending new work here, other peers
-        see the claim), drain the actor (open sessions finish within the grace period or are cut, and clients
-        replay them elsewhere), then load `span` in a new actor and announce it ONLINE. Keeps the peer id."""
-        from peers.launch import spawn_peer, wait_ready
-
+        see the claim), drain the stage (open sessions finish within the grace period or are cut, and clients
+        replay them elsewhere), then load `span` in a new stage and announce it ONLINE. Keeps the peer id."""
         with self._move_lock:
             if self.state is not PeerState.ONLINE:
                 return
             if self.last_info is not None and self.last_info["forward_tokens_per_s"] > 0:
                 self.expected_throughput = self.last_info["forward_tokens_per_s"]  # same length, same hardware
             with self._lock:
-                old_span, old_actor = self.span, self.actor
+                old_span, old_stage = self.span, self.stage
                 self.span, self.state = span, PeerState.JOINING
+            assert old_stage is not None
             logger.info("peer=%s moving from blocks %s to %s", self.peer_id, old_span, span)
             self.announcer.announce_now()
-            _finish_draining(self.peer_id, old_actor.drain.remote(), self.config.drain_grace_s + 30)
+            old_stage.drain()(self.config.drain_grace_s + 30)
             with self._lock:
-                _kill(old_actor)
-                self.actor = spawn_peer(self.config, self.peer_id, span)
-            self.last_info = wait_ready(self.actor, LOAD_TIMEOUT_S)
+                old_stage.kill()
+                self.stage = start_stage(self.config, self.peer_id, span)
+            self.last_info = self.stage.info(LOAD_TIMEOUT_S)
             with self._lock:
                 self.state = PeerState.ONLINE
             self.announcer.announce_now()
             if self.on_move is not None:
                 self.on_move(self.last_info)
 
-    def drain_started(self) -> Any:
-        """Stop moving, announce OFFLINE at once (routers stop sending), then ask the actor to drain; returns its
-        ObjectRef, or None if it never served (a start cut short: nothing to finish, and a drain would wait for the
-        blocks to load). A move in progress finishes first."""
+    def drain_started(self) -> DrainOutcome | None:
+        """Stop moving, announce OFFLINE at once (routers stop sending), then ask the stage to drain; returns the
+        wait for its outcome, or None if it never served (a start cut short: nothing to finish, and a drain would wait
+        for the blocks to load). A move in progress finishes first."""
         if self.rebalancer is not None:
             self.rebalancer.stop()
         with self._move_lock, self._lock:
             self.state = PeerState.OFFLINE
-            served = self.actor is not None and self.last_info is not None
+            served = self.stage is not None and self.last_info is not None
         self.announcer.stop(PeerState.OFFLINE)
-        return self.actor.drain.remote() if served else None
+        return self.stage.drain() if served and self.stage is not None else None
 
     def _choose_span(self) -> Span:
         if self.config.blocks is not None:
@@ -179,37 +168,15 @@ class PeerDaemon:
         return span
 
 
-def _actor_info(actor: Any) -> dict:
-    import ray
-
-    return ray.get(actor.info.remote(), timeout=ACTOR_INFO_TIMEOUT_S)
-
-
-def _finish_draining(peer_id: str, drained: Any, timeout_s: float) -> bool:
-    import ray
-
-    try:
-        return bool(ray.get(drained, timeout=timeout_s))
-    except (ray.exceptions.RayError, TimeoutError) as error:  # dead, restarting or too slow
-        logger.warning("peer=%s drain did not complete: %s", peer_id, error)
-        return False
-
-
-def _kill(actor: Any) -> None:
-    import ray
-
-    ray.kill(actor, no_restart=True)
-
-
 def drain(daemons: list[PeerDaemon], timeout_s: float) -> bool:
-    """Drain every peer concurrently, then kill the actors; True if all finished their in-flight work."""
+    """Drain every peer concurrently, then kill the stages; True if all finished their in-flight work."""
     pending = [(daemon, daemon.drain_started()) for daemon in daemons]
     deadline = time.monotonic() + timeout_s
     finished = True
-    for daemon, ref in pending:
-        if ref is not None:
-            finished &= _finish_draining(daemon.peer_id, ref, max(deadline - time.monotonic(), 0.1))
+    for _, outcome in pending:
+        if outcome is not None:
+            finished &= outcome(max(deadline - time.monotonic(), 0.1))
     for daemon, _ in pending:
-        if daemon.actor is not None:
-            _kill(daemon.actor)
+        if daemon.stage is not None:
+            daemon.stage.kill()
     return finished

@@ -4,6 +4,7 @@ peers can live in one process (tests). Documented in the README's metrics table,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily
@@ -16,6 +17,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 class PeerMetrics:
     def __init__(self, peer_id: str) -> None:
         self.registry = CollectorRegistry()
+        self._http: Any = None  # the /metrics server, once serve() started it
         labels = {"registry": self.registry}
         self.requests = Counter("swarm_requests", "RPCs answered, by RPC and gRPC status", ["rpc", "status"], **labels)
         self.latency = Histogram(
@@ -88,8 +90,15 @@ class PeerMetrics:
 
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics over HTTP; returns the port (useful with port 0)."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return server.server_port
+        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+        return self._http.server_port
+
+    def close(self) -> None:
+        """Stop serving /metrics and free its port (a stage stopped in a process that goes on: `--no-ray` moves)."""
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
 
 
 class _ComputeTotals(Collector):

@@ -1,4 +1,5 @@
-"""`swarm peer join`: run a peer daemon that serves a span of blocks from a Ray actor until SIGTERM.
+"""`swarm peer join`: run a peer daemon that serves a span of blocks from a Ray actor (or, with `--no-ray`, from its
+own process) until SIGTERM.
 
 Run: `swarm peer join --model .cache/models/smollm2-135m --initial-peers ADDRESS --num-blocks 15 --credentials DIR`
 (or `--open`), with ADDRESS the multiaddress `swarm up` printed (/ip4/127.0.0.1/tcp/PORT/p2p/ID). Without --blocks
@@ -59,6 +60,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="start the local Ray with its dashboard, API server and monitors (default: only what runs the stage "
         "actor); Ray's usage statistics stay off unless RAY_USAGE_STATS_ENABLED=1",
+    )
+    join.add_argument(
+        "--no-ray",
+        action="store_true",
+        help="serve the blocks in this process, without Ray: the lightest peer (no Ray node, one process importing "
+        "torch); a crash of the blocks' server ends the command (exit 1) instead of Ray restarting it",
     )
     join.set_defaults(run=run_join)
 
@@ -252,6 +259,7 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
 
     phases = StartPhases()
     no_shared_memory_manager()
+    stage = "stage" if config.in_process else "stage actor"
     if ray_address and not config.initial_peers:
         connect_ray(ray_address)
         config = dataclasses.replace(config, initial_peers=published_initial_peers(timeout_s=120))
@@ -264,16 +272,17 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
     )
     phases.done("DHT node")
     try:
-        connect_ray(ray_address, lean=True, dashboard=dashboard)
-        phases.done("Ray")
+        if not config.in_process:
+            connect_ray(ray_address, lean=True, dashboard=dashboard)
+            phases.done("Ray")
         daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
         try:
             daemon.launch()
-            with waiting(f"stage actor loading blocks {daemon.span} of {config.name}"):
+            with waiting(f"{stage} loading blocks {daemon.span} of {config.name}"):
                 info = daemon.wait_serving()
             signals.serving()
-            phases.done("stage actor")
-            _print_serving(info, config.name)
+            phases.done(stage)
+            _print_serving(info, config.name, stage)
             _check_reachable(registry, info)
             print(phases.summary(info["load_s"]), flush=True)
             stopped = signals.wait(daemon.alive)
@@ -304,10 +313,10 @@ def _check_reachable(registry: Registry, info: dict) -> None:
         print(f"{report.address} is reachable from {via}", flush=True)
 
 
-def _print_serving(info: dict, name: str) -> None:
+def _print_serving(info: dict, name: str, stage: str) -> None:
     start, end = info["span"]
     print(f"peer {info['peer_id']} serving blocks [{start}, {end}) of {name} at {info['address']}", flush=True)
-    print(f"metrics at http://{info['metrics_address']}/metrics; stage actor pid {info['pid']}", flush=True)
+    print(f"metrics at http://{info['metrics_address']}/metrics; {stage} pid {info['pid']}", flush=True)
 
 
 class StartPhases:
@@ -343,6 +352,10 @@ def check_before_start(ns: argparse.Namespace) -> None:
     free_port(ns.host, ns.dht_port, "--dht-port")
     free_port(ns.host, ns.metrics_port, "--metrics-port")
     check_announced(ns.host, ns.announce_host, ns.initial_peers)
+    if ns.no_ray:
+        for flag in ("ray_address", "ray_resources", "ray_dashboard"):
+            if getattr(ns, flag):
+                raise InvalidArgument("--no-ray", f"runs no Ray: drop --{flag.replace('_', '-')}")
 
 
 def check_adapters(root: Path) -> None:
