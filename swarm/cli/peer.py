@@ -233,6 +233,7 @@ def run_join(ns: argparse.Namespace) -> int:
 
     if ns.dry_run:  # joins nothing, so it needs no credentials
         return print_memory_plan(PeerConfig.from_args(argparse.Namespace(**{**vars(ns), "open": not ns.credentials})))
+    check_no_ray(ns)
     config = PeerConfig.from_args(ns)
     check_before_start(ns)
     with StopSignals() as signals:
@@ -352,10 +353,13 @@ def check_before_start(ns: argparse.Namespace) -> None:
     free_port(ns.host, ns.dht_port, "--dht-port")
     free_port(ns.host, ns.metrics_port, "--metrics-port")
     check_announced(ns.host, ns.announce_host, ns.initial_peers)
-    if ns.no_ray:
-        for flag in ("ray_address", "ray_resources", "ray_dashboard"):
-            if getattr(ns, flag):
-                raise InvalidArgument("--no-ray", f"runs no Ray: drop --{flag.replace('_', '-')}")
+
+
+def check_no_ray(ns: argparse.Namespace) -> None:
+    """--no-ray with a flag that asks something of Ray is a contradiction, refused before anything starts."""
+    for flag in ("ray_address", "ray_resources", "ray_dashboard"):
+        if ns.no_ray and getattr(ns, flag):
+            raise InvalidArgument("--no-ray", f"runs no Ray: drop --{flag.replace('_', '-')}")
 
 
 def check_adapters(root: Path) -> None:

@@ -1,7 +1,8 @@
 """A `swarm peer join` that starts its own Ray runs only what its stage actor needs (issue 15, item 6): no dashboard,
 no API server, no autoscaler or log monitor, no idle worker, and Ray's usage statistics off; `--ray-dashboard`
 brings the dashboard back. Once serving, it has its address checked through the bootstrap (item 1), and is told
-when nothing answers there. Real processes: a `swarm dht` bootstrap and the peer, 2 blocks of SmolLM2."""
+when nothing answers there. `--no-ray` runs no Ray at all: the command, its DHT process and p2pd, and generation
+through it equals Hugging Face's. Real processes: a `swarm dht` bootstrap and the peer, SmolLM2's blocks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from tests.integration.daemons import Daemon
 
@@ -74,5 +76,43 @@ def test_a_peer_announcing_an_address_nothing_listens_on_is_told_at_start(bootst
         assert "clients will not reach this peer" in warning.string
         peer.wait_for(r"started in [0-9.]+ s", 10)  # the last line before it serves; a SIGTERM earlier stops a start
         assert peer.terminate(timeout_s=60) == 0
+    finally:
+        peer.kill()
+
+
+def test_a_no_ray_peer_is_three_processes_and_generates_local_tokens(bootstrap: str, smollm2_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from swarm import CodecId, DistributedModelForCausalLM
+    from swarm.security import SwarmCredentials
+
+    peer = Daemon(
+        "peer", "join", "--open", "--no-ray", "--model", str(smollm2_path), "--blocks", "0:30",
+        "--initial-peers", bootstrap,
+    )  # fmt: skip
+    try:
+        peer.wait_for(r"started in [0-9.]+ s \(.*stage [0-9.]+ s; weights loaded in", 180)
+        root = psutil.Process(peer.process.pid)
+        processes = [root, *root.children(recursive=True)]
+        commands = [" ".join(process.cmdline()) for process in processes]
+        assert len(processes) == 3, commands  # the command, its DHT process, p2pd
+        assert not [command for command in commands if "ray" in command.split()[0]], commands
+
+        tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path))
+        ids = tokenizer("The old stone bridge at the edge of the market town", return_tensors="pt").input_ids
+        local = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
+        with torch.inference_mode():
+            expected = local.generate(ids, max_new_tokens=16, do_sample=False)
+        model = DistributedModelForCausalLM.from_pretrained(
+            smollm2_path, [bootstrap], codec=CodecId.NONE, credentials=SwarmCredentials.open()
+        )
+        try:
+            assert torch.equal(model.generate(ids, max_new_tokens=16), expected)
+        finally:
+            model.close()
+        assert peer.terminate(timeout_s=60) == 0
+        assert "drained (all work finished)" in "".join(peer.output)
+        _, alive = psutil.wait_procs(processes, timeout=15)
+        assert not alive, [process.pid for process in alive]
     finally:
         peer.kill()

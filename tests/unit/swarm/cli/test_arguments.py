@@ -96,6 +96,14 @@ def test_adapters_are_checked_before_anything_starts(smollm2_path: Path, tmp_pat
     assert PeerConfig.from_args(ns).server.adapters == str(tmp_path)
 
 
+@pytest.mark.parametrize("ray_flag", [["--ray-address", "auto"], ["--ray-dashboard"], ["--ray-resources", '{"a": 1}']])
+def test_no_ray_refuses_the_ray_flags_before_anything_starts(smollm2_path: Path, ray_flag: list[str], capsys) -> None:
+    assert main(["peer", "join", "--open", "--model", str(smollm2_path), "--no-ray", *ray_flag]) == 2
+    assert f"--no-ray: runs no Ray: drop {ray_flag[0]}" in capsys.readouterr().err
+    assert PeerConfig.from_args(build_parser().parse_args([*JOIN, "--no-ray"])).in_process is True
+    assert PeerConfig.from_args(build_parser().parse_args(JOIN)).in_process is False
+
+
 def test_a_missing_checkpoint_names_the_flag_and_the_directory(tmp_path: Path, capsys) -> None:
     assert main(["generate", "--open", "--initial-peers", ADDRESS, "hi", "--model", str(tmp_path)]) == 2
     assert f"swarm generate: --model: {tmp_path} has no config.json" in capsys.readouterr().err

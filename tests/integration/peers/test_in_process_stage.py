@@ -1,0 +1,65 @@
+"""peers/stage_handle.py InProcessStage (`swarm peer join --no-ray`): the stage's life as PeerDaemon drives it, in
+this process, on SmolLM2's real blocks. A move drains the stage, kills it and starts another span in the same
+process, so the killed stage must free its ports (the next one takes the same fixed /metrics port); a start that
+fails hands its error to whoever waits."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from peers.config import PeerConfig
+from peers.server import ServerConfig
+from peers.stage_handle import InProcessStage, start_stage
+from swarm.security import SwarmCredentials
+from swarm.types import Span
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def metrics_text(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def test_a_stage_drained_and_killed_frees_its_ports_for_the_next_span(smollm2_path: Path) -> None:
+    config = PeerConfig(
+        str(smollm2_path),
+        metrics_port=free_port(),
+        in_process=True,
+        server=ServerConfig(cache_tokens=256, credentials=SwarmCredentials.open()),
+    )
+    first = start_stage(config, "in-process", Span(0, 2))
+    assert isinstance(first, InProcessStage)
+    info = first.info(timeout_s=120)
+    assert info["span"] == [0, 2] and not first.dead_for_good()
+    assert "swarm_requests" in metrics_text(info["metrics_address"])
+
+    assert first.drain()(30.0) is True  # nothing in flight: finished
+    first.kill()
+    assert first.dead_for_good()
+    with grpc.insecure_channel(info["address"]) as channel, pytest.raises(grpc.FutureTimeoutError):
+        grpc.channel_ready_future(channel).result(timeout=2)  # its gRPC server is gone
+
+    second = start_stage(config, "in-process", Span(2, 4))  # the same /metrics port: free again
+    try:
+        moved = second.info(timeout_s=120)
+        assert moved["span"] == [2, 4] and moved["metrics_address"] == info["metrics_address"]
+        assert "swarm_requests" in metrics_text(moved["metrics_address"])
+    finally:
+        second.kill()
+
+
+def test_a_start_that_fails_raises_its_error_to_the_waiter(tmp_path: Path) -> None:
+    stage = InProcessStage(PeerConfig(str(tmp_path), in_process=True), "no-model", Span(0, 1))
+    with pytest.raises(Exception, match=str(tmp_path)):
+        stage.info(timeout_s=60)
+    assert stage.dead_for_good()
