@@ -59,10 +59,14 @@ class TokenClock:
         }
 
 
+def credentials(ns: argparse.Namespace) -> SwarmCredentials:
+    return SwarmCredentials.load(ns.credentials) if ns.credentials else SwarmCredentials.open()
+
+
 def generate(ns: argparse.Namespace) -> dict:
     prompt = torch.tensor([[int(token) for token in ns.prompt_ids.split(",")]])
     model = DistributedModelForCausalLM.from_pretrained(
-        ns.model, ns.initial_peers, codec=CodecId[ns.codec], dht_host=ns.dht_host, credentials=SwarmCredentials.open()
+        ns.model, ns.initial_peers, codec=CodecId[ns.codec], dht_host=ns.dht_host, credentials=credentials(ns)
     )
     try:
         max_length = prompt.shape[1] + ns.max_new_tokens
@@ -88,6 +92,7 @@ def main() -> None:
     parser.add_argument("--codec", choices=[codec.name for codec in CodecId], default=DEFAULT_CODEC.name)
     parser.add_argument("--dht-host", default="127.0.0.1", help="address of the client's own DHT node")
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--credentials", type=Path, default=None, help="a private swarm member's (default: open)")
     print(json.dumps(generate(parser.parse_args())), flush=True)
 
 

@@ -6,6 +6,7 @@ SIGKILLed) with a standby replica present; and nothing the test made is left beh
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +29,9 @@ NEW_TOKENS = 24
 KILL_AT_TOKEN = 4
 
 
-@pytest.fixture(scope="module")
-def expected(smollm2_path: Path) -> list[int]:
+@functools.cache
+def local_greedy(smollm2_path: Path) -> list[int]:
+    """Local transformers' NEW_TOKENS greedy tokens after PROMPT_IDS (also test_netns_private.py's reference)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
@@ -38,6 +40,11 @@ def expected(smollm2_path: Path) -> list[int]:
             torch.tensor([PROMPT_IDS]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
         )
     return output[0, len(PROMPT_IDS) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def expected(smollm2_path: Path) -> list[int]:
+    return local_greedy(smollm2_path)
 
 
 @pytest.fixture(scope="module")
