@@ -7,7 +7,7 @@ tests/integration/cluster/test_netns_training.py and by `python -m benchmarks.wa
     python -m benchmarks.training_host trainer --config JOB.yaml --host 10.77.0.15 --initial-peers ADDR
 
 Each prints one line when it is ready ("initial peers: ADDR", "serving at HOST:PORT"; the trainer its final progress
-as "progress: {json}").
+as "progress: {json}"); a stage then prints "step N" each time its replica steps.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import threading
+import time
 from pathlib import Path
 
 import torch
@@ -35,21 +35,27 @@ def main() -> None:
     ns = parser.parse_args()
     config = load_config(ns.config, host=ns.host)
     peers = [ns.initial_peers] if ns.initial_peers else []
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    stopped: list[int] = []  # a flag the handler sets: it takes no lock (see swarm/cli/_daemon.py StopSignals)
+    signal.signal(signal.SIGTERM, lambda signum, _: stopped.append(signum))
     if ns.role == "bootstrap":
         from swarm.registry import Registry
 
         registry = Registry(host=config.host, credentials=config.credentials)
         print(f"initial peers: {registry.addresses[0]}", flush=True)
-        stopped.wait()
+        while not stopped:
+            time.sleep(0.5)
     elif ns.role == "stage":
         from peers.training.actor import TrainingStagePeer
 
         start, end = (int(x) for x in ns.span.split(":"))
         stage = TrainingStagePeer(config, start, end, peers, ns.peer_id)
         print(f"serving at {stage.address}", flush=True)
-        stopped.wait()
+        reported = -1
+        while not stopped:
+            if stage.replica.step != reported:
+                reported = stage.replica.step
+                print(f"step {reported}", flush=True)
+            time.sleep(0.2)
         torch.save({"step": stage.replica.step, "parameters": stage.parameters()}, ns.out / f"{ns.peer_id}.pt")
         stage.stop()
     else:
