@@ -26,6 +26,19 @@ logger = logging.getLogger(__name__)
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def resolve_dtype(name: str, device: str, has_bf16: bool | None = None) -> torch.dtype:
+    """The blocks' dtype: `name`, or for auto bfloat16 on CUDA (float16 on a GPU without bf16, where BlockSpan
+    clamps every block's output into float16's range) and float32 on CPU. Resolved here, in the process that owns
+    the device: the command that started a Ray actor may run on another machine."""
+    if name != "auto":
+        return TORCH_DTYPES[name]
+    if device != "cuda":
+        return torch.float32
+    if has_bf16 is None:
+        has_bf16 = torch.cuda.is_bf16_supported()
+    return torch.bfloat16 if has_bf16 else torch.float16
+
+
 class StagePeer:
     """Plain class; peers/launch.py wraps it with ray.remote (when Ray restarts it, __init__ runs again), and
     peers/stage_handle.py InProcessStage builds it as it is."""
@@ -34,7 +47,7 @@ class StagePeer:
         self.config, self.peer_id, self.span = config, peer_id, span
         self._stopped = False
         torch.set_num_threads(config.threads or os.cpu_count() or 1)
-        dtype = TORCH_DTYPES[config.dtype]
+        dtype = resolve_dtype(config.dtype, config.device)
         started = time.monotonic()
         blocks = load_span(config.model_path, span.start, span.end, dtype, config.device, quant=config.quant)
         self.load_s = time.monotonic() - started  # reported apart from the start: it grows with the model

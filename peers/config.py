@@ -12,7 +12,7 @@ from peers.server import ServerConfig
 from swarm.partition.quantize import QUANT_MODES
 from swarm.security import SwarmCredentials
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on CUDA (float16 without bf16), float32 on CPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class PeerConfig:
     blocks: tuple[int, int] | None = None  # explicit span [start, end); None lets placement choose
     num_blocks: int | None = None  # how many blocks placement should take; None: as many as fit the memory
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # the blocks' dtype; peers/actor.py resolves auto where the device is (planned_dtype here)
     quant: str = "none"
     host: str = "127.0.0.1"  # address the gRPC server and the DHT node bind (0.0.0.0: every interface)
     announce_host: str = ""  # address they announce; "": host, or for 0.0.0.0 the routed one (registry/hosts.py)
@@ -60,6 +60,13 @@ class PeerConfig:
     @property
     def name(self) -> str:
         return self.model_name or Path(self.model_path).name
+
+    @property
+    def planned_dtype(self) -> str:
+        """The dtype memory is planned in: auto is 16-bit on CUDA (bfloat16 and float16 take the same bytes)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device == "cuda" else "float32"
 
     @property
     def rebalances(self) -> bool:

@@ -89,9 +89,9 @@ def blocks_for_peer(config: PeerConfig, cfg: BlockConfig) -> int:
         budget, cache_tokens = budget - int(config.server.cache_gib * GIB), 0
     elif cache_tokens is None:
         cache_tokens = DEFAULT_CACHE_TOKENS
-    length = blocks_that_fit(budget, cfg, config.dtype, cache_tokens, quant=config.quant)
+    length = blocks_that_fit(budget, cfg, config.planned_dtype, cache_tokens, quant=config.quant)
     if length < 1:
-        one = block_bytes(cfg, config.dtype, cache_tokens, quant=config.quant) / GIB
+        one = block_bytes(cfg, config.planned_dtype, cache_tokens, quant=config.quant) / GIB
         raise InvalidRequest(
             f"not even one block fits in {budget / GIB:.2f} GiB (one block with {cache_tokens} cache tokens "
             f"needs {one:.3f} GiB): give more --memory-gib, fewer --cache-tokens, or --num-blocks"
@@ -149,7 +149,7 @@ def activation_bytes(cfg: BlockConfig, tokens: int, element: int) -> int:
 def memory_plan(config: PeerConfig, cfg: BlockConfig) -> str:
     """What `swarm peer join --dry-run` prints: one block's weights and KV cache, the budget, and how many blocks
     fit and why, from the config alone (no weights are read)."""
-    quant, dtype = config.quant, config.dtype
+    quant, dtype = config.quant, config.planned_dtype
     weights = block_weight_bytes(cfg, dtype, quant)
     full = block_weight_bytes(cfg, dtype)
     cache_tokens = config.server.cache_tokens if config.server.cache_tokens is not None else DEFAULT_CACHE_TOKENS

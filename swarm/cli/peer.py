@@ -104,7 +104,12 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     )
     add_placement_flags(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="the blocks' dtype; auto: bfloat16 on CUDA (float16 on a GPU without bf16), float32 on CPU",
+    )
     parser.add_argument(
         "--quant",
         choices=("none", "int8", "nf4", "nf4-mixed"),  # swarm/partition/quantize.py's QUANT_MODES (no torch here)

@@ -151,6 +151,8 @@ class BlockSpan(nn.Module):
                 pre = prompts.shape[2]
                 hidden = torch.cat([hidden[:, :pre] + prompts[offset].to(hidden.dtype), hidden[:, pre:]], dim=1)
             hidden = self.blocks[index - self.start](hidden, cos, sin, kv(offset) if kv is not None else None)
+            if hidden.dtype == torch.float16:
+                hidden = clamp_to_float16(hidden)
         return hidden
 
     def _check_input(self, hidden: torch.Tensor, position: int, cache: SpanCache | None) -> None:
@@ -170,6 +172,16 @@ class BlockSpan(nn.Module):
             raise InvalidRequest(
                 f"{hidden.shape[1]} tokens at position {position} exceed the session's max_length {cache.max_length}"
             )
+
+
+FLOAT16_LIMIT = torch.finfo(torch.float16).max - 1000.0  # headroom for the next residual add's rounding
+
+
+def clamp_to_float16(hidden: torch.Tensor) -> torch.Tensor:
+    """A float16 block's output clamped into float16's range: the residual stream of some models grows past 65,504
+    in a few channels, and an Inf there would poison every later block and the next peer (whose output checks
+    refuse it). The same guard as transformers' T5 in float16; bfloat16 and float32 need none."""
+    return hidden.clamp(-FLOAT16_LIMIT, FLOAT16_LIMIT)
 
 
 def load_span(

@@ -101,3 +101,30 @@ def test_bfloat16_span_runs_and_stays_close(save_tiny: SaveTiny) -> None:
     approx = load_span(path, 0, 6, dtype=torch.bfloat16)(hidden)
     assert approx.dtype == torch.bfloat16
     assert float((approx.float() - exact).norm() / exact.norm()) < 0.05
+
+
+@torch.inference_mode()
+def test_a_float16_span_never_emits_inf(save_tiny: SaveTiny) -> None:
+    """A residual stream past float16's 65,504 (here: one block's MLP scaled up) would be Inf in the next peer's
+    input; every float16 block's output is clamped into range instead, and the span still computes as before."""
+    path, _ = save_tiny()
+    hidden = torch.randn(1, 6, 64)
+    span = load_span(path, 0, 6, dtype=torch.float16)
+    normal = span(hidden)
+    assert float((normal.float() - load_span(path, 0, 6)(hidden)).norm() / normal.float().norm()) < 0.05
+    span.blocks[1].mlp.up_proj.weight.mul_(1e3)  # weights stay within float16; the MLP's output does not
+    span.blocks[1].mlp.down_proj.weight.mul_(1e5)
+    cos, sin = span.rotary(0, 6, torch.float16)
+    unguarded = span.blocks[1](span.blocks[0](hidden.half(), cos, sin, None), cos, sin, None)
+    assert torch.isinf(unguarded).any()  # what the span would emit without the clamp
+    out = span(hidden)
+    assert torch.isfinite(out).all() and out.dtype == torch.float16
+
+
+def test_auto_dtype_is_bfloat16_on_cuda_float16_without_bf16_and_float32_on_cpu() -> None:
+    from peers.actor import resolve_dtype
+
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cuda", has_bf16=True) == torch.bfloat16
+    assert resolve_dtype("auto", "cuda", has_bf16=False) == torch.float16
+    assert resolve_dtype("float32", "cuda", has_bf16=True) == torch.float32
