@@ -54,6 +54,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_CODEC.name,
         help="codec of the hidden states",
     )
+    parser.add_argument(
+        "--wait-for-blocks",
+        type=at_least(0, float),
+        default=30.0,
+        metavar="S",
+        help="how long to wait for peers of blocks no live peer serves before giving up",
+    )
     add_credential_flags(parser)
     parser.set_defaults(run=run)
 
@@ -77,6 +84,7 @@ def run(ns: argparse.Namespace) -> int:
         credentials=credentials,
         speculative=ns.speculative,
         num_speculative_tokens=ns.num_speculative_tokens,
+        wait_for_blocks_s=ns.wait_for_blocks,
     )
     try:
         input_ids = prompt_ids(tokenizer, ns.prompt, raw=ns.raw)

@@ -71,7 +71,8 @@ def test_a_member_of_another_swarm_sees_nothing_and_generates_nothing(swarm, key
     net, initial_peers = swarm
     mallory = ["--credentials", str(keys.root / "mallory"), "--initial-peers", initial_peers]
     status = Command(net, "client", ["-m", "swarm", "status", *mallory])
-    generate = ["generate", *mallory, "--model", str(smollm2_path), "--max-new-tokens", "4", "The river rose"]
+    generate = ["generate", *mallory, "--model", str(smollm2_path), "--max-new-tokens", "4", "--wait-for-blocks", "3"]
+    generate.append("The river rose")
     generation = Command(net, "client", ["-m", "swarm", *generate])  # both at once: each waits out its lookups
     status.wait_for("no model is announced in this swarm", 120)
     assert status.process.wait(30) == 1

@@ -61,6 +61,6 @@ def test_someone_else_sees_nothing_and_generates_nothing(initial_peers: str, key
     status = swarm("status", "--initial-peers", initial_peers, *mallory)
     assert status.returncode == 1 and "no model is announced in this swarm" in status.stdout
     generated = swarm("generate", PROMPT, "--initial-peers", initial_peers, *mallory, "--model", str(smollm2_path),
-                      "--max-new-tokens", "4")  # fmt: skip
+                      "--max-new-tokens", "4", "--wait-for-blocks", "3")  # fmt: skip
     assert generated.returncode == 2 and "swarm generate:" in generated.stderr
     assert "Traceback" not in generated.stderr

@@ -44,6 +44,7 @@ GENERATE = ["generate", "--open", "--initial-peers", ADDRESS, "hi"]
         ([*GENERATE, "--speculative", "draft:"], "--speculative"),
         ([*GENERATE, "--num-speculative-tokens", "0"], "--num-speculative-tokens"),
         ([*GENERATE, "--num-speculative-tokens", "33"], "--num-speculative-tokens"),
+        ([*GENERATE, "--wait-for-blocks", "-1"], "--wait-for-blocks"),
         (["--log-level", "LOUD", "status", "--open", "--initial-peers", ADDRESS], "--log-level"),
     ],
 )
