@@ -9,6 +9,11 @@ Run: `python -m benchmarks.quant --model .cache/models/smollm2-135m` (part of `m
 - greedy generation through 2 in-process peers (blocks 0:15 and 15:30, served with those weights, codec NONE):
   tokens/s, and whether the tokens equal the same weights' local greedy run.
 Prints one JSON object with `ppl_fp32`, `ppl_int8`, `ppl_nf4`, `ppl_nf4_mixed` and their `bytes_ratio_*` at the top.
+
+Also `source_levels_per_32_weights`: how many distinct values each run of 32 weights of the blocks' linear layers
+holds in the checkpoint. The test model is converted from a Q4_1 GGUF file (DESIGN.md), so its "fp32" weights are
+4-bit values already (at most 16 per block of 32, with a scale and a minimum each); NF4 then rounds them onto a
+second, different 4-bit grid, a worst case that a model trained in 16 bits does not present.
 """
 
 from __future__ import annotations
@@ -108,6 +113,20 @@ def measure(path: Path, quant: str, text_ids: torch.Tensor, prompt_ids: torch.Te
     return result
 
 
+def levels_per_32_weights(path: Path) -> dict:
+    """Distinct values per run of 32 consecutive weights of every block's linear layers: max and mean."""
+    from safetensors import safe_open
+
+    counts = []
+    with safe_open(str(path / "model.safetensors"), "pt") as checkpoint:
+        for name in checkpoint.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            if ".layers." in name and name.endswith("proj.weight"):
+                runs = checkpoint.get_tensor(name).float().reshape(-1, 32).sort(dim=1).values
+                counts.append(1 + (runs.diff(dim=1) != 0).sum(dim=1))
+    levels = torch.cat(counts).float()
+    return {"max": int(levels.max()), "mean": round(float(levels.mean()), 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
@@ -129,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     result |= {
         "ppl_ratio_int8_x_int8_matmul": round(runs["int8"]["ppl_int8_x_int8_matmul"] / fp32["ppl"], 4),
         "eval_tokens": text_ids.shape[1],
+        "source_levels_per_32_weights": levels_per_32_weights(ns.model),
         "runs": {"fp32" if quant == "none" else quant: run for quant, run in runs.items()},
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
