@@ -9,12 +9,15 @@ client, with push) plus the local compute per token: a Hugging Face step measure
 each setting (so under the same load from the rest of the shared machine). `fraction_of_limit` = measured
 tokens/s / the bound's tokens/s. Where the time goes, per token: `swarm_ms_per_token` (step less the local step),
 `link_ms_per_token` (step less the 0 ms control's step, same codec) and `link_rtts_per_token` (that over the RTT).
-The peers compute with PEER_THREADS torch threads each, as the local step does: the namespaces stand for separate
-machines but share this one's cores, and two peers that each size their thread pool to every core oversubscribe
-them (each parallel region then waits for a descheduled thread: 72 ms per token at 0 ms against 64 ms with one
-thread each, measured). Then training (benchmarks/wan_train.py): a 2-stage x 2-replica job across 6 namespaces
-at 0 ms and at 100 ms / 100 Mbit/s, and `train_wan_vs_loopback`, the ratio of their samples/s. Prints one JSON
-object."""
+The peers compute with `--peer-threads` torch threads each (default 0: the peer's own default, one per core, as
+a user gets). The namespaces stand for separate machines but share this one's cores: under load two peers that
+each size their pool to every core oversubscribe them (72 ms per token at 0 ms against 64 ms with one thread each,
+measured at load 1-5), while on a quiet machine only the peer holding the token computes and 2 threads each win
+(55-58 ms against 71-75 ms with one each, and 78 ms with OMP_WAIT_POLICY=PASSIVE, measured on loopback); pick
+`--peer-threads 1` for a loaded machine. Then training (benchmarks/wan_train.py): a 2-stage x 2-replica job
+across 6 namespaces at 0 ms and at 100 ms / 100 Mbit/s, and `train_wan_vs_loopback`, the ratio of their samples/s.
+With `--no-ray` the peers run `swarm peer join --no-ray` (the stage in the daemon's process; on this 2-core machine a
+Ray node per peer costs 6-12 ms per token on loopback, measured). Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -39,7 +42,6 @@ from swarm.codec import DEFAULT_CODEC
 HOSTS = ["client", "bootstrap", "peer0", "peer1"]
 SETTINGS = {"0ms": (0.0, None), "20ms": (20.0, 1000.0), "100ms": (100.0, 100.0)}  # RTT ms, rate Mbit/s
 CODECS = ("NONE", DEFAULT_CODEC.name)
-PEER_THREADS = 1  # per peer, like the local step (see the module docstring)
 
 
 def load_local(model_path: Path) -> torch.nn.Module:
@@ -138,7 +140,7 @@ def run_generation(ns: argparse.Namespace) -> dict:
     local_model, measured = load_local(ns.model), {}
     with WanLink(HOSTS) as net:
         swarm = WanSwarm(net, ns.model)
-        swarm.start_two_halves(extra=["--threads", str(PEER_THREADS)])
+        swarm.start_two_halves(extra=["--threads", str(ns.peer_threads), *(["--no-ray"] if ns.no_ray else [])])
         for name, (rtt_ms, rate) in SETTINGS.items():
             net.configure(rtt_ms, rate)
             measured[name] = measure_setting(net, swarm, local_model, input_ids, ns.new_tokens)
@@ -146,6 +148,8 @@ def run_generation(ns: argparse.Namespace) -> dict:
     settings = {name: summarize(name, setting, measured["0ms"]) for name, setting in measured.items()}
     return {
         "new_tokens": ns.new_tokens,
+        "peer_threads": ns.peer_threads,
+        "peers_run_ray": not ns.no_ray,
         "default_codec": DEFAULT_CODEC.name,
         "fraction_of_limit_100ms": settings["100ms"][DEFAULT_CODEC.name]["fraction_of_limit"],
         "settings": settings,
@@ -156,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--peer-threads", type=int, default=0, help="torch threads per peer (0: one per core)")
+    parser.add_argument("--no-ray", action="store_true", help="peers serve from their own process (swarm peer join)")
     parser.add_argument("--parts", default="generate,train", help="generate and/or train (comma-separated)")
     parser.add_argument("--train-steps", type=int, default=4, help="stage steps of each training run")
     ns = parser.parse_args(argv)

@@ -24,7 +24,8 @@ class DecodeGroup:
 
     tokens: torch.Tensor  # [B] index of each sequence's token in the flat batch
     page_table: torch.Tensor  # [B, max_pages] page ids (padding repeats a real page; the mask hides it)
-    mask: torch.Tensor  # [B, 1, 1, max_pages * page_size] bool: context position < the sequence's new length
+    mask: torch.Tensor | None  # [B, 1, 1, max_pages * page_size] bool: context position < the sequence's new length
+    context: int  # with no mask (every sequence holds this many tokens): the keys are cut to it instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +81,13 @@ def _decode_group(rows: list[tuple[int, list[int], int]], page_size: int, device
         return None
     max_pages = max(len(pages) for _, pages, _ in rows)
     table = torch.tensor([pages + [pages[0]] * (max_pages - len(pages)) for _, pages, _ in rows], dtype=torch.int64)
+    tokens = torch.tensor([start for start, _, _ in rows], dtype=torch.int64).to(device)
+    longest = max(context for _, _, context in rows)
+    if all(context == longest for _, _, context in rows):  # one session's decode, or equal lengths: no padding
+        return DecodeGroup(tokens, table.to(device), None, longest)
     contexts = torch.tensor([context for _, _, context in rows])
     mask = torch.arange(max_pages * page_size)[None, :] < contexts[:, None]
-    tokens = torch.tensor([start for start, _, _ in rows], dtype=torch.int64)
-    return DecodeGroup(tokens.to(device), table.to(device), mask[:, None, None, :].to(device))
+    return DecodeGroup(tokens, table.to(device), mask[:, None, None, :].to(device), longest)
 
 
 class PagedLayer:
@@ -99,8 +103,10 @@ class PagedLayer:
         self.keys.index_copy_(0, batch.slots, k[0].transpose(0, 1))
         self.values.index_copy_(0, batch.slots, v[0].transpose(0, 1))
         queries = q[0]  # [heads, tokens, d]
-        out = torch.empty_like(queries)
         kv_heads = k.shape[1]
+        if batch.decode is not None and not batch.pieces:  # decode steps only: every token, in order
+            return self._decode(queries, batch.decode, kv_heads, whole_batch=True).unsqueeze(0)
+        out = torch.empty_like(queries)
         if batch.decode is not None:
             out[:, batch.decode.tokens] = self._decode(queries, batch.decode, kv_heads)
         for piece in batch.pieces:
@@ -112,12 +118,18 @@ class PagedLayer:
         by_page = store.view(-1, self.page_size, *store.shape[1:])[pages]
         return by_page.flatten(-4, -3)
 
-    def _decode(self, queries: torch.Tensor, group: DecodeGroup, kv_heads: int) -> torch.Tensor:
+    def _decode(
+        self, queries: torch.Tensor, group: DecodeGroup, kv_heads: int, whole_batch: bool = False
+    ) -> torch.Tensor:
         heads, _, dim = queries.shape
         sequences = group.tokens.shape[0]
-        q = queries[:, group.tokens].transpose(0, 1).reshape(sequences, kv_heads, heads // kv_heads, dim)
-        keys = self._paged(self.keys, group.page_table).transpose(1, 2)  # [B, kv_heads, context, d]
-        values = self._paged(self.values, group.page_table).transpose(1, 2)
+        mine = queries if whole_batch else queries[:, group.tokens]
+        q = mine.transpose(0, 1).reshape(sequences, kv_heads, heads // kv_heads, dim)
+        keys = self._paged(self.keys, group.page_table)  # [B, max_pages * page_size, kv_heads, d]
+        values = self._paged(self.values, group.page_table)
+        if group.mask is None:  # no padding to hide: the unmasked kernel, on the context alone
+            keys, values = keys[:, : group.context], values[:, : group.context]
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, kv_heads, context, d]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask)  # [B, kv_heads, group, d]
         return out.reshape(sequences, heads, dim).transpose(0, 1)  # [heads, B, d]
 
