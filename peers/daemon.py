@@ -19,14 +19,13 @@ from peers.config import PeerConfig
 from peers.memory import blocks_for_peer
 from peers.placement import UNMEASURED_TOKENS_PER_S, BlockLoad, choose_joining_span
 from peers.rebalance import Rebalancer
-from peers.stage_handle import DrainOutcome, StageHandle, start_stage
+from peers.stage_handle import INFO_TIMEOUT_S, DrainOutcome, StageHandle, start_stage
 from swarm.partition import open_checkpoint
 from swarm.registry import Announcer, Registry
 from swarm.types import PeerInfo, PeerState, Span
 
 logger = logging.getLogger(__name__)
 
-STAGE_INFO_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 600.0
 
 
@@ -79,7 +78,7 @@ class PeerDaemon:
         if stage is None or state is not PeerState.ONLINE:
             return self._record(state, span)
         try:
-            live = stage.info(STAGE_INFO_TIMEOUT_S)
+            live = stage.info(INFO_TIMEOUT_S)
         except Exception as error:  # unavailable, restarting, or dead for good
             logger.warning("peer=%s stage not answering: %s", self.peer_id, error)
             return self._record(PeerState.JOINING, span)

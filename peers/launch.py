@@ -38,13 +38,6 @@ def spawn_peer(config: PeerConfig, peer_id: str, span: Span) -> Any:
     return ray.remote(StagePeer).options(**options).remote(config, peer_id, span)
 
 
-def wait_ready(actor: Any, timeout_s: float) -> dict:
-    """Block until the actor has loaded its blocks and serves; returns its info()."""
-    import ray
-
-    return ray.get(actor.info.remote(), timeout=timeout_s)
-
-
 def publish_initial_peers(addresses: Sequence[str]) -> None:
     """Store the DHT bootstrap's multiaddresses in the Ray cluster's key-value store, where `swarm peer join
     --ray-address` without --initial-peers finds them (cluster/ starts peers this way on every worker)."""

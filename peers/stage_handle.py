@@ -24,6 +24,7 @@ from swarm.types import Span
 logger = logging.getLogger(__name__)
 
 DrainOutcome = Callable[[float], bool]  # waits up to its argument (seconds); True if all in-flight work finished
+INFO_TIMEOUT_S = 5.0  # what a serving stage's info() may take before it counts as not answering
 
 
 class StageHandle(ABC):
@@ -91,7 +92,7 @@ class RayStage(StageHandle):
         import ray
 
         try:
-            self.info(timeout_s=5.0)
+            self.info(INFO_TIMEOUT_S)
         except ray.exceptions.ActorDiedError:
             return True
         except Exception:  # busy, or restarting (RayActorError other than died)
