@@ -65,7 +65,7 @@ def run_swarm(config, deadline_s: float, churn_period_s: float | None = None) ->
         stages = _stage_infos(job)
         result = {"completed": completed, "samples_per_s": progress["samples_per_s"], "steps": progress["step"]}
         result["profile"] = profile(progress, before, stages, wall_s)
-        result["profile"] |= averaging_bytes(config, before, stages, progress["samples"])
+        result["profile"] |= averaging_bytes(before, stages, progress["samples"])
         result["final_loss"] = job.eval_loss() if completed else math.nan
         result["kills"] = churn.kills if churn else 0
         result["steps_went_back"] = len(churn.steps_went_back()) if churn else 0
@@ -114,17 +114,20 @@ def profile(progress: dict, before: dict, after: dict, wall_s: float) -> dict:
 
         stages[f"{span[0]}-{span[1]}"] = {
             "busy_fraction": grew("compute_seconds"),
+            "compute_cpu_fraction": grew("compute_cpu_seconds"),
             "averaging_fraction": grew("averaging_seconds"),
             "queued_per_replica": grew("queue_seconds"),
             "forwards_reused": sum(r.get("forwards_reused", 0) for r in replicas),
         }
     count = max(progress["micro_batches"], 1)
+    compute_cpu = sum(_since(r, before.get(span, []), "compute_cpu_seconds") for span, rs in after.items() for r in rs)
     per_micro_batch = {
         f"{key}_ms": round(1000 * progress[f"{key}_s"] / count, 1)
         for key in ("compute", "queue", "averaging", "transfer", "micro_batch")
     }
     samples = max(progress["samples"], 1)
     pushed = sum(_since(r, before.get(span, []), "bytes_pushed") for span, replicas in after.items() for r in replicas)
+    per_micro_batch["compute_cpu_ms"] = round(1000 * compute_cpu / count, 1)
     return {
         "wall_s": round(wall_s, 1),
         "stages": stages,
@@ -142,39 +145,18 @@ def _since(replica: dict, before: list[dict], key: str) -> float:
     return replica[key] - (old[0][key] if old else 0)
 
 
-def averaging_bytes(config, before: dict, after: dict, samples: int) -> dict:
-    """Bytes one replica sends per averaging round (per stage), and the rounds' bytes per trained sample: each
-    replica's rounds during the phase (a restarted replica's count from zero) times its stage's round."""
-    per_round = averaging_bytes_per_round(config)
-    total = sum(
-        per_round[f"{start}-{end}"] * _since(replica, before.get((start, end), []), "averaging_rounds")
-        for (start, end), replicas in after.items()
-        for replica in replicas
-    )
+def averaging_bytes(before: dict, after: dict, samples: int) -> dict:
+    """Gradient bytes the replicas sent each other, as each replica counted them (GradientExchange.bytes_sent, the
+    encoded tensors; failed tries included): per stage, per replica and averaging round, and per trained sample
+    (a restarted replica counts from zero)."""
+    per_round, total = {}, 0
+    for (start, end), replicas in after.items():
+        old = before.get((start, end), [])
+        sent = sum(_since(replica, old, "averaging_bytes_sent") for replica in replicas)
+        rounds = sum(_since(replica, old, "averaging_rounds") for replica in replicas)
+        per_round[f"{start}-{end}"] = round(sent / rounds) if rounds else 0
+        total += sent
     return {"averaging_bytes_per_round": per_round, "averaging_bytes_per_sample": round(total / max(samples, 1))}
-
-
-def averaging_bytes_per_round(config) -> dict[str, int]:
-    """Per stage, the bytes one replica sends in a gradient averaging round with its siblings: the stage's gradients
-    as hivemind serializes them under the round's compression, times 2 (n - 1) / n for hivemind's all-reduce (each
-    member sends the others their parts of its tensors, then each of them the average of its own part).
-    Computed from the serialized sizes, not counted on the wire."""
-    from hivemind.compression import CompressionInfo
-
-    from peers.training.optimizer import averaging_compression
-    from swarm.training.reference import load_reference_model, stage_param_groups
-
-    model = load_reference_model(config)
-    spans = config.stage_spans(model.config.num_hidden_layers)
-    compression, group = averaging_compression(config.averaging.compression), config.replicas_per_stage
-    sizes = {}
-    for (start, end), params in zip(spans, stage_param_groups(model, spans), strict=True):
-        serialized = sum(
-            compression.compress(p.detach(), CompressionInfo.from_tensor(p), allow_inplace=False).ByteSize()
-            for p in params["params"]
-        )
-        sizes[f"{start}-{end}"] = round(serialized * 2 * (group - 1) / group)
-    return sizes
 
 
 def _shares(progress: dict, stages: dict) -> dict:

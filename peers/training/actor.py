@@ -23,6 +23,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from peers.metrics import PeerMetrics
+from peers.training.gradient_exchange import GradientExchange
 from peers.training.metrics import StageCollector
 from peers.training.optimizer import build_optimizer
 from peers.training.replica import StageReplica
@@ -72,6 +73,11 @@ class TrainingStagePeer:
             config.averaging.group_size or config.replicas_per_stage,
         )
         self.replica = StageReplica(model, optimizer, config.mixed_precision)
+        with optimizer.grad_averager.get_tensors() as gradients:
+            shapes = [gradient.shape for gradient in gradients]
+        compression, timeout_s = config.averaging.compression, config.averaging.timeout_s
+        self.exchange = GradientExchange(self.peer_id, shapes, compression, config.credentials, timeout_s)
+        optimizer.exchange = self.exchange
         self.metrics = PeerMetrics(self.peer_id)
         self.metrics.registry.register(StageCollector(self.replica, config.run_id, self.stage))
         self.server, self.address = self._serve()
@@ -93,6 +99,7 @@ class TrainingStagePeer:
         self.replica.on_progress = self.siblings.tell_progress
         self.service.heard = self.siblings.heard
         optimizer.live_replicas = self.siblings.count
+        self.exchange.siblings, self.exchange.on_unreachable = self.siblings.live, self.siblings.unreachable
         optimizer.sibling_samples = self.siblings.samples_toward
         optimizer.sibling_joining = lambda: self.siblings.joining > 0
         if config.averaging.overlap:
@@ -141,6 +148,7 @@ class TrainingStagePeer:
         identity = StageIdentity(self.peer_id, self.config.run_id, self.span.start, self.span.end, self.total_blocks)
         self.downstream = StageCalls(self.config.codec_id, self.config.call_timeout_s, self.config.credentials)
         self.service = TrainingStageService(self.replica, identity, self.metrics, self.downstream)
+        self.service.exchange = self.exchange
         pb_grpc.add_TrainingStageServicer_to_server(self.service, server)
         health_servicer = health.HealthServicer()
         health_servicer.set("rayswarm.v1.TrainingStage", health_pb2.HealthCheckResponse.SERVING)
@@ -196,11 +204,13 @@ class TrainingStagePeer:
             "samples_total": counters.samples_total,
             "averaging_rounds": counters.averaging_rounds,
             "compute_seconds": counters.compute_seconds,
+            "compute_cpu_seconds": counters.compute_cpu_seconds,
             "averaging_seconds": counters.averaging_seconds,
             "queue_seconds": counters.queue_seconds,
             "forwards_reused": counters.forwards_reused,
             # what this replica pushed to the next stage and got back (Train): the trainers do not see these bytes
             "bytes_pushed": self.downstream.bytes_sent + self.downstream.bytes_received,
+            "averaging_bytes_sent": self.exchange.bytes_sent,  # gradients sent to siblings, all rounds
             "joined_from": self.joined_from,
             "dht_addresses": self.registry.addresses,
             "metrics_address": self.metrics_address,
@@ -234,6 +244,7 @@ class TrainingStagePeer:
         self.announcer.stop(PeerState.OFFLINE)
         self.server.stop(grace=1.0).wait(2.0)
         self.downstream.close()
+        self.exchange.close()
         self.replica.optimizer.shutdown()
         self.registry.shutdown()
         time.sleep(0.1)

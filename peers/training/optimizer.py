@@ -1,9 +1,11 @@
 """A stage's collaborative optimizer: hivemind.Optimizer around a clipped AdamW.
 
-Replicas of a stage share a run id in the DHT. Each reports the samples it has accumulated; once together they
-reach the target batch, they average gradients (weighted by samples), and each applies the same update, so one
-step counter (hivemind's epoch) holds for the stage. A failed round is retried rather than stepped alone, so the
-replicas' parameters stay the same; a replica the stage stepped without downloads the stage's state.
+Replicas of a stage share a run id in the DHT. Each tells its siblings the samples it has accumulated; once together
+they reach the target batch, they average gradients (weighted by samples; peers/training/gradient_exchange.py, over
+the replicas' own gRPC servers, bitwise equal on every replica), and each applies the same update, so one step
+counter (hivemind's epoch) holds for the stage. A failed round is retried rather than stepped alone, so the
+replicas' parameters stay the same; a replica the stage stepped without downloads the stage's state (hivemind's
+state averager). hivemind's gradient averager only accumulates: its averaging process is never started.
 
 The inner optimizer clips the averaged gradient to a global norm and scales the rate by the batch the round
 really averaged (the linear rule), around the warmup + cosine schedule of swarm/training/schedule.py.
@@ -12,7 +14,6 @@ really averaged (the linear rule), around the warmup + cosine schedule of swarm/
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import threading
@@ -27,6 +28,7 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.optim.state_averager import TrainingStateAverager
 from torch.optim.lr_scheduler import LambdaLR
 
+from peers.training.gradient_exchange import GradientExchange, RoundFailed
 from swarm.training.config import AveragingConfig, OptimizerConfig
 from swarm.training.inner_optimizer import RoundBatch, make_inner_optimizer
 from swarm.training.schedule import WarmupCosine
@@ -102,6 +104,7 @@ class StageOptimizer(hivemind.Optimizer):
     sibling_samples: Callable[[int], int] | None = None
     sibling_joining: Callable[[], bool] | None = None  # a sibling is taking the stage's state: wait for it
     failed_rounds: int = 0  # consecutive failed averaging rounds of the current step
+    exchange: GradientExchange | None = None  # rounds with the siblings (set by the stage actor; None: alone)
     # Averaging off the critical path: waits for a round's all-reduce with the replica's lock released, so that
     # forwards and backwards go on meanwhile (None: wait holding it). While `round_in_flight`, the replica
     # accumulates its backwards toward the next step (accumulate_next) and never starts another round.
@@ -183,45 +186,43 @@ class StageOptimizer(hivemind.Optimizer):
         replica's own when it is alone (or gave up on its siblings). False: averaging failed, retry later."""
         if self.sibling_joining is not None and self.sibling_joining():
             return False  # keep accumulating until it serves: no round can form without it meanwhile
-        samples = self.grad_averager.local_samples_accumulated
-        if self.live_count() <= 1 or self.failed_rounds >= MAX_FAILED_ROUNDS:
-            if samples == 0:
-                return False  # nothing to step with (told to step by a sibling that is gone since)
-            self.grad_averager.load_accumulators_into_averager_()
-            self.grad_averager.reset_accumulated_grads_()
+        averager, samples = self.grad_averager, self.grad_averager.local_samples_accumulated
+        alone = self.live_count() <= 1 or self.failed_rounds >= MAX_FAILED_ROUNDS or self.exchange is None
+        if alone and samples == 0:
+            return False  # nothing to step with (told to step by a sibling that is gone since)
+        averager.load_accumulators_into_averager_()  # this replica's mean gradient (zeros when it has no samples)
+        if alone:
+            averager.reset_accumulated_grads_()
             self.round_samples, self.failed_rounds = samples, 0
             return True
-        if samples == 0:
-            self._join_with_a_zero_gradient()
-        # This replica's sample count travels as gathered metadata: every member then knows the round's total
-        # batch, so all scale their rate by the same factor and apply the very same update.
-        control = self.grad_averager.schedule_step(timeout=self.averaging_timeout, gather=samples)
+        with averager.get_tensors() as tensors:
+            local = [t.clone() for t in tensors]
         kept = self._set_gradients_aside() if self.outside_lock is not None else None
-        self.grad_averager.step(control=control, reset_accumulators=kept is not None, wait=False)
-        try:  # hivemind bounds the round itself (finding a group, then the all-reduce): wait for its verdict
-            gathered = self._round_result(control)
-        except BaseException as error:  # no group, a member died, timeout: keep the gradients for a retry
-            if not control.done():
-                control.cancel()
+        if kept is not None:  # backwards during the round accumulate toward the next step
+            averager.reset_accumulated_grads_()
+        try:
+            averaged, total = self._round_result(lambda: self.exchange.average(self.local_epoch, samples, local))
+        except RoundFailed as error:  # a member silent or gone, members disagree: keep the gradients for a retry
             self.failed_rounds += 1
-            logger.warning("averaging round of step %d failed (%d): %r", self.local_epoch, self.failed_rounds, error)
-            if kept is not None and samples > 0:
+            logger.warning("averaging round of step %d failed (%d): %s", self.local_epoch, self.failed_rounds, error)
+            if kept is not None:
                 self._take_gradients_back(kept)
-            elif kept is None and samples == 0:
-                self.grad_averager.reset_accumulated_grads_()  # the zero-gradient sample must not count twice
             return False
-        self.round_samples = sum(int(v) for v in gathered.values() if isinstance(v, int))
-        self.failed_rounds = 0
+        with torch.no_grad(), averager.get_tensors() as tensors:
+            for tensor, mean in zip(tensors, averaged, strict=True):
+                tensor.copy_(mean)
+        self.round_samples, self.failed_rounds = total, 0
         self.rounds_averaged += 1
         return True
 
-    def _round_result(self, control: Any) -> Any:
+    def _round_result(self, run_round: Callable[[], Any]) -> Any:
+        """Run the round holding the replica's lock, or with it released when averaging overlaps compute."""
         if self.outside_lock is None:
-            return control.result(2 * self.averaging_timeout + ROUND_MARGIN_S)
+            return run_round()
         self.round_in_flight = True
         try:
             with self.outside_lock():
-                return control.result(2 * self.averaging_timeout + ROUND_MARGIN_S)
+                return run_round()
         finally:
             self.round_in_flight = False
 
@@ -265,16 +266,6 @@ class StageOptimizer(hivemind.Optimizer):
         if self.outside_lock is None:  # else they hold what backwards added during the round: the next step's
             self.grad_averager.reset_accumulated_grads_()
         self.grad_averager.state_sharing_priority = self.local_epoch
-
-    @torch.no_grad()
-    def _join_with_a_zero_gradient(self) -> None:
-        """A replica that ran no backward this step still takes part, as one sample with a zero gradient: with
-        weight 0, hivemind would leave its tensors unaveraged and it would step with zeros (measured: its
-        parameters then drift from the other replicas'). The average is biased by 1 / (samples + 1)."""
-        # The model's parameters, not the optimizer's offloaded copies: hivemind checks that the latter's
-        # gradient tensors stay the same objects between steps.
-        self.zero_grad(set_to_none=True)
-        self.grad_averager.accumulate_grads_(1)
 
     # Rounds start when a replica broadcasts StepNow, not at an estimated time: pre-scheduled rounds would form
     # groups that the broadcast's round then cannot join.
@@ -343,11 +334,8 @@ def build_optimizer(
         next_chunk_timeout=averaging.timeout_s,
         average_state_every=averaging.state_every,
         delay_state_averaging=False,
-        # A round starts as soon as `group_size` replicas joined it; the matchmaking time only bounds how long
-        # the first one waits for the others. (averager_opts reach only the state averager in hivemind 1.1.12.)
-        grad_averager_factory=functools.partial(GradientAverager, warn=False, **matchmaking),
-        averager_opts=matchmaking,
-        grad_compression=averaging_compression(averaging.compression),
+        grad_averager_factory=AccumulatingGradients,
+        averager_opts=matchmaking,  # the state averager's (periodic parameter averaging, state downloads)
         # The records say which step the stage is at (a replica left behind catches up); sample counts go between
         # replicas directly (sibling_samples), so they are read at most twice a second.
         tracker_opts={
@@ -364,19 +352,14 @@ def build_optimizer(
     return collaborative
 
 
-def averaging_compression(name: str) -> Any:
-    """hivemind's codec for the gradients a round sends (config.AVERAGING_COMPRESSIONS); 8bit keeps small tensors
-    (norms) in float16, where 8 bits would cost more error than they save bytes."""
-    from hivemind.compression import (
-        Float16Compression,
-        NoCompression,
-        SizeAdaptiveCompression,
-        Uniform8BitQuantization,
-    )
+class AccumulatingGradients(GradientAverager):
+    """hivemind's gradient accumulators without its averaging process (never started, no state to share): rounds
+    go through GradientExchange instead."""
 
-    if name == "float16":
-        return Float16Compression()
-    if name == "8bit":
-        eight_bit = Uniform8BitQuantization()
-        return SizeAdaptiveCompression(threshold=2**16, less=Float16Compression(), greater_equal=eight_bit)
-    return NoCompression()
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.update(start=False, allow_state_sharing=False, warn=False)
+        super().__init__(**kwargs)
+
+    def shutdown(self) -> None:
+        if self.is_alive():
+            super().shutdown()

@@ -60,7 +60,8 @@ BackwardAnswer = tuple["torch.Tensor | None", float, CallTiming]  # (grad_inputs
 @dataclass(slots=True)
 class ReplicaCounters:
     samples_total: int = 0
-    compute_seconds: float = 0.0
+    compute_seconds: float = 0.0  # wall-clock, waiting for a core included
+    compute_cpu_seconds: float = 0.0  # what the computing thread got of a core: less than the above on busy cores
     averaging_seconds: float = 0.0
     averaging_rounds: int = 0  # steps whose gradients were averaged with other replicas
     last_loss: float = math.nan
@@ -99,15 +100,14 @@ class StageReplica:
         the parameters are unchanged, need not compute the forward again; any replica can still serve it."""
         keep = bool(request_id) and not self.model.is_last
         with self._locked() as queued, torch.set_grad_enabled(keep), self._precision():
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             inputs = self._leaf(inputs) if keep else inputs.to(self.device)
             out = self.model(inputs, None if labels is None else labels.to(self.device))
             if keep:
                 self._kept[request_id] = KeptForward(self.step, inputs, out)
                 while len(self._kept) > KEPT_FORWARDS:
                     self._kept.popitem(last=False)
-            elapsed = time.perf_counter() - started
-            self.counters.compute_seconds += elapsed
+            elapsed = self._count_compute(started, cpu_started)
         return out.detach().float().cpu(), CallTiming(elapsed, queued())
 
     def _leaf(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -145,10 +145,9 @@ class StageReplica:
             if request_id in self._answered:
                 self.counters.repeated += 1
                 return self._answered[request_id]
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             grad_inputs, loss = self._gradients(inputs, grad_outputs, labels, self._kept_forward(request_id, inputs))
-            elapsed = time.perf_counter() - started
-            self.counters.compute_seconds += elapsed
+            elapsed = self._count_compute(started, cpu_started)
             if not still_wanted():
                 self.optimizer.zero_grad()
                 self.counters.dropped_late += 1
@@ -159,6 +158,13 @@ class StageReplica:
                 self._remember(request_id, answer)
             self._tell_progress()
         return answer
+
+    def _count_compute(self, started: float, cpu_started: float) -> float:
+        """Count a computation that began at (perf_counter, thread_time); returns its wall-clock seconds."""
+        elapsed = time.perf_counter() - started
+        self.counters.compute_seconds += elapsed
+        self.counters.compute_cpu_seconds += time.thread_time() - cpu_started
+        return elapsed
 
     def _tell_progress(self) -> None:
         """Hand this replica's count to its siblings (not while a round runs: backwards then count toward the next

@@ -12,7 +12,7 @@ that replica and resends; backwards already applied downstream are answered agai
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -21,6 +21,7 @@ import torch
 from peers.limits import Admission, LimitsConfig
 from peers.metrics import PeerMetrics
 from peers.service import answers_errors
+from peers.training.gradient_exchange import GradientExchange
 from peers.training.replica import CallTiming, StageReplica
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
@@ -52,6 +53,7 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
     ) -> None:
         self.replica, self.config, self.metrics, self.downstream = replica, identity, metrics, downstream
         self.heard: Callable[[str, int, int], None] | None = None  # a sibling's sample count (set once it serves)
+        self.exchange: GradientExchange | None = None  # where siblings' gradients go (set by the stage actor)
         self.admission = Admission(limits or LimitsConfig())  # answers_errors admits every request through it
 
     @answers_errors
@@ -151,6 +153,13 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
         if self.heard is not None:  # before this replica serves, its siblings' counts are of no use to it
             self.heard(request.peer_id, int(request.step), int(request.samples))
         return pb.ProgressResponse()
+
+    @answers_errors
+    def Gradients(self, requests: Iterator[pb.GradientsPart], context: grpc.ServicerContext) -> pb.GradientsResponse:
+        if self.exchange is None:
+            raise InvalidRequest("this replica does not average gradients")
+        self.exchange.receive(requests)
+        return pb.GradientsResponse()
 
     def _decode_request(self, request: pb.TrainRequest) -> tuple[torch.Tensor, torch.Tensor | None, pb.CodecChoice]:
         if request.protocol_version != pb.PROTOCOL_VERSION_CURRENT:

@@ -1,5 +1,5 @@
-"""The other replicas of a stage: who they are (the DHT, re-read every second), the StepNow broadcast, and their
-sample counts toward the next step.
+"""The other replicas of a stage: who they are (the DHT, re-read every second; the members of an averaging round),
+the StepNow broadcast, and their sample counts toward the next step.
 
 Each replica sends its siblings its count after its backwards (Progress, one unary RPC, the latest count only), so
 the replica whose backward brings the stage's sum to the target batch knows it and starts the step. Through the
@@ -56,6 +56,15 @@ class SiblingReplicas:
         now = time.monotonic()
         return [a for a in self.online.values() if now - self._unreachable.get(a, -math.inf) > self.ttl_s]
 
+    def live(self) -> dict[str, str]:
+        """The siblings this replica averages with: peer id -> address of those `addresses` lists."""
+        addresses = set(self.addresses)
+        return {peer_id: address for peer_id, address in self.online.items() if address in addresses}
+
+    def unreachable(self, address: str) -> None:
+        """A call to `address` found nobody there: leave it out until its record would have expired."""
+        self._unreachable[address] = time.monotonic()
+
     def count(self) -> int:
         """Replicas this one averages with, itself included. A JOINING sibling counts: the stage does not step
         without it (rounds fail and are retried) until it serves or its record expires."""
@@ -104,7 +113,7 @@ class SiblingReplicas:
         except grpc.RpcError as error:  # dead or restarting: the stage goes on without it
             logger.info("%s to %s failed: %s", method, address, error.code())
             if error.code() is grpc.StatusCode.UNAVAILABLE:
-                self._unreachable[address] = time.monotonic()
+                self.unreachable(address)
 
     # ---- membership ----
 

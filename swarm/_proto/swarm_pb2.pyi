@@ -450,3 +450,31 @@ class ProgressRequest(_message.Message):
 class ProgressResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GradientsHeader(_message.Message):
+    __slots__ = ("peer_id", "step", "attempt", "samples", "members", "num_tensors")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    step: int
+    attempt: int
+    samples: int
+    members: _containers.RepeatedScalarFieldContainer[str]
+    num_tensors: int
+    def __init__(self, peer_id: _Optional[str] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., samples: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., num_tensors: _Optional[int] = ...) -> None: ...
+
+class GradientsPart(_message.Message):
+    __slots__ = ("header", "tensor")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    header: GradientsHeader
+    tensor: Tensor
+    def __init__(self, header: _Optional[_Union[GradientsHeader, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class GradientsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -488,6 +488,11 @@ class TrainingStageStub:
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.ProgressRequest.SerializeToString,
                 response_deserializer=swarm_dot___proto_dot_swarm__pb2.ProgressResponse.FromString,
                 _registered_method=True)
+        self.Gradients = channel.stream_unary(
+                '/rayswarm.v1.TrainingStage/Gradients',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.GradientsPart.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.GradientsResponse.FromString,
+                _registered_method=True)
 
 
 class TrainingStageServicer:
@@ -531,6 +536,12 @@ class TrainingStageServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Gradients(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainingStageServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -563,6 +574,11 @@ def add_TrainingStageServicer_to_server(servicer, server):
                     servicer.Progress,
                     request_deserializer=swarm_dot___proto_dot_swarm__pb2.ProgressRequest.FromString,
                     response_serializer=swarm_dot___proto_dot_swarm__pb2.ProgressResponse.SerializeToString,
+            ),
+            'Gradients': grpc.stream_unary_rpc_method_handler(
+                    servicer.Gradients,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.GradientsPart.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.GradientsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -727,6 +743,33 @@ class TrainingStage:
             '/rayswarm.v1.TrainingStage/Progress',
             swarm_dot___proto_dot_swarm__pb2.ProgressRequest.SerializeToString,
             swarm_dot___proto_dot_swarm__pb2.ProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Gradients(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/rayswarm.v1.TrainingStage/Gradients',
+            swarm_dot___proto_dot_swarm__pb2.GradientsPart.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.GradientsResponse.FromString,
             options,
             channel_credentials,
             insecure,
