@@ -111,6 +111,7 @@ class StageOptimizer(hivemind.Optimizer):
     outside_lock: Callable[[], contextlib.AbstractContextManager] | None = None
     round_in_flight: bool = False
     rounds_averaged: int = 0  # steps whose gradients were averaged with other replicas
+    state_every: int = 0  # steps between parameter averaging rounds (averaging.state_every; 0: never)
 
     def samples_after(self, batch: int) -> int:
         """The stage's samples toward this step if this replica adds `batch` more (as far as it knows)."""
@@ -253,7 +254,8 @@ class StageOptimizer(hivemind.Optimizer):
     def _apply_step(self) -> None:
         """The update itself (hivemind's state averager steps the optimizer and the epoch), then a new count."""
         self._load_averaged_gradients_into_optimizer_()
-        average_state = self.live_count() > 1 and (self.local_epoch + 1) % self.average_state_every == 0
+        every = self.state_every
+        average_state = every > 0 and self.live_count() > 1 and (self.local_epoch + 1) % every == 0
         self.state_averager.step(
             increment_epoch=True,
             optimizer_step=True,
@@ -332,7 +334,7 @@ def build_optimizer(
         # which on a busy machine leaves each survivor with a different, partly averaged gradient.
         allreduce_timeout=averaging.timeout_s,
         next_chunk_timeout=averaging.timeout_s,
-        average_state_every=averaging.state_every,
+        average_state_every=max(1, averaging.state_every),  # hivemind's own schedule: unused (see _apply_step)
         delay_state_averaging=False,
         grad_averager_factory=AccumulatingGradients,
         averager_opts=matchmaking,  # the state averager's (periodic parameter averaging, state downloads)
@@ -346,6 +348,7 @@ def build_optimizer(
         },
         verbose=False,
     )
+    collaborative.state_every = averaging.state_every
     round_batch.read_samples = lambda: (
         collaborative.round_samples or collaborative.grad_averager.local_samples_accumulated
     )

@@ -58,6 +58,13 @@ def test_averaging_compression_is_one_of_the_known_codecs() -> None:
         config_from_dict({**BASE, "averaging": {"compression": "int4"}})
 
 
+def test_state_averaging_is_off_by_default_and_never_negative() -> None:
+    assert config_from_dict(BASE).averaging.state_every == 0
+    assert config_from_dict({**BASE, "averaging": {"state_every": 5}}).averaging.state_every == 5
+    with pytest.raises(InvalidRequest, match=r"averaging\.state_every must be 0"):
+        config_from_dict({**BASE, "averaging": {"state_every": -1}})
+
+
 def test_load_config_reads_yaml_and_applies_overrides(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text("run_id: r2\nmodel: m\ndata: {path: d.txt, seq_len: 16}\nsteps: 5\ncredentials: open\n")
