@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 PART_BYTES = 4 << 20  # a tensor larger than this travels in chunks
 SMALL_TENSOR_ELEMENTS = 1 << 16  # under 8-bit averaging, smaller tensors (norms) travel in float16
 POLL_S = 0.1  # how often a waiting member re-reads who its live siblings are
+KEPT_STEPS = 4  # steps whose contributions a replica keeps at once (the newest): each is a whole gradient per sibling
 
 
 class RoundFailed(Exception):
@@ -106,6 +107,8 @@ class GradientExchange:
             known = box.get(contribution.peer_id)
             if known is None or contribution.attempt >= known.attempt:
                 box[contribution.peer_id] = contribution
+            for old in sorted(self._mailbox)[:-KEPT_STEPS]:  # a replica far behind downloads the state instead
+                del self._mailbox[old]
             self._changed.notify_all()
 
     def forget_before(self, step: int) -> None:

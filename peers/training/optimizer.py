@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 MAX_FAILED_ROUNDS = 3  # then a replica whose siblings look alive but never average steps alone
 LOAD_STATE_TRIES = 5
 LOAD_STATE_TIMEOUT_S = 60.0  # per download: a joining replica holds its siblings' steps meanwhile
-ROUND_MARGIN_S = 5.0  # beyond hivemind's own limits, before this replica stops waiting for a round's outcome
 REPORT_PERIOD_S = 1.0  # between this replica's progress records in the DHT, within a step
 
 
@@ -105,7 +104,7 @@ class StageOptimizer(hivemind.Optimizer):
     sibling_joining: Callable[[], bool] | None = None  # a sibling is taking the stage's state: wait for it
     failed_rounds: int = 0  # consecutive failed averaging rounds of the current step
     exchange: GradientExchange | None = None  # rounds with the siblings (set by the stage actor; None: alone)
-    # Averaging off the critical path: waits for a round's all-reduce with the replica's lock released, so that
+    # Averaging off the critical path: waits for a round's exchange with the replica's lock released, so that
     # forwards and backwards go on meanwhile (None: wait holding it). While `round_in_flight`, the replica
     # accumulates its backwards toward the next step (accumulate_next) and never starts another round.
     outside_lock: Callable[[], contextlib.AbstractContextManager] | None = None
@@ -330,8 +329,8 @@ def build_optimizer(
         matchmaking_time=averaging.matchmaking_s,
         averaging_timeout=averaging.timeout_s,
         load_state_timeout=LOAD_STATE_TIMEOUT_S,
-        # All or nothing: hivemind's default drops a member that is late with one chunk by the matchmaking time,
-        # which on a busy machine leaves each survivor with a different, partly averaged gradient.
+        # The state averager's rounds (parameters, every state_every steps), all or nothing: hivemind's default
+        # drops a member that is late with one chunk by the matchmaking time.
         allreduce_timeout=averaging.timeout_s,
         next_chunk_timeout=averaging.timeout_s,
         average_state_every=max(1, averaging.state_every),  # hivemind's own schedule: unused (see _apply_step)

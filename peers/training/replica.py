@@ -3,7 +3,7 @@
 A single lock orders everything that touches the parameters: a forward never sees a half-applied update, and
 gradients of one backward are handed to the optimizer before the next backward starts. The collaborative step
 (averaging with the other replicas, then the update) runs inside a backward call when the stage's target batch
-is reached. With averaging overlapped (the default), the lock is released while the round's all-reduce runs:
+is reached. With averaging overlapped (averaging.overlap), the lock is released while the round's exchange runs:
 forwards and backwards go on with the current parameters, and their gradients count toward the next step (one
 step stale, as in hivemind's delayed averaging); the update itself is applied holding the lock again. Otherwise
 requests wait for the whole round, which is the time the benchmark reports as averaging.

@@ -60,13 +60,15 @@ AVERAGING_COMPRESSIONS = ("none", "float16", "8bit")
 
 @dataclass(frozen=True, slots=True)
 class AveragingConfig:
-    matchmaking_s: float = 1.0  # how long the first replica in a round waits for the others
-    timeout_s: float = 30.0  # an averaging round that takes longer falls back to local gradients
+    matchmaking_s: float = 1.0  # parameter averaging (state_every): how long the first replica waits for the others
+    timeout_s: float = 30.0  # a gradient averaging try fails when a member's gradients take longer (then retried)
     # Also average parameters (hivemind's state averager) every N steps; 0: never. Rounds leave the replicas bitwise
     # equal, so this only pulls together replicas that stepped alone (3 failed rounds while their siblings looked
     # alive); it costs a round of parameters each time (measured: ~8% of benchmarks.train's throughput at 5).
     state_every: int = 0
-    group_size: int = 0  # replicas an averaging round waits for before it starts (0: replicas_per_stage)
+    # Parameter averaging (state_every) waits for this many replicas (0: replicas_per_stage); gradient rounds take
+    # every live replica of the stage.
+    group_size: int = 0
     # Replicas keep serving during a round; what they compute meanwhile goes to the next step. Off by default until
     # it is measured on a quiet machine and proven under churn (README, "Throughput").
     overlap: bool = False

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from peers.metrics import PeerMetrics
-from peers.training.gradient_exchange import PART_BYTES, GradientExchange, RoundFailed
+from peers.training.gradient_exchange import KEPT_STEPS, PART_BYTES, GradientExchange, RoundFailed
 from peers.training.service import StageIdentity, TrainingStageService
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
@@ -171,3 +171,19 @@ def test_a_bad_contribution_is_refused_by_name_and_the_member_keeps_serving(memb
     see_each_other(members, "ab")
     results = run_round(members, "ab", 0, {"a": 8, "b": 8}, {"a": gradients(1), "b": gradients(2)})
     assert results["a"][1] == 16
+
+
+def test_a_member_keeps_the_contributions_of_its_newest_steps_only(members) -> None:
+    """b runs ahead alone (its tries fail: a is not averaging); a keeps what b sent for the newest KEPT_STEPS
+    steps only: a round of the newest completes at once from it, one of the oldest finds nothing."""
+    see_each_other(members, "ab")
+    local = {"a": gradients(1), "b": gradients(2)}
+    members["b"].exchange.timeout_s = 0.3
+    for step in range(KEPT_STEPS + 2):
+        with pytest.raises(RoundFailed):
+            members["b"].exchange.average(step, 8, local["b"])
+    _, total = members["a"].exchange.average(KEPT_STEPS + 1, 8, local["a"])
+    assert total == 16
+    members["a"].exchange.timeout_s = 0.3
+    with pytest.raises(RoundFailed, match=r"no gradients from \['b'\]"):
+        members["a"].exchange.average(0, 8, local["a"])
