@@ -57,16 +57,14 @@ class ClipAndRescale:
 
 def make_inner_optimizer(params: Iterable[Any], config: OptimizerConfig, round_batch: RoundBatch) -> Any:
     """AdamW (or bitsandbytes' AdamW8bit) with clipping and rescaling, its state already allocated."""
-    options: dict[str, Any] = {}
     if config.eight_bit:
         import bitsandbytes as bnb
 
         base: type = bnb.optim.AdamW8bit
     else:
         base = torch.optim.AdamW
-        options["fused"] = True  # one kernel for all tensors, on CPU too: 2.6 ms against 13.6 for 3.2M parameters
     cls = type(f"Clipped{base.__name__}", (ClipAndRescale, base), {})
-    optimizer = cls(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, **options)
+    optimizer = cls(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     optimizer.clip_norm, optimizer.round_batch = config.clip_norm, round_batch
     prime_state(optimizer)
     return optimizer
