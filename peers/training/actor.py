@@ -73,11 +73,7 @@ class TrainingStagePeer:
             config.averaging.group_size or config.replicas_per_stage,
         )
         self.replica = StageReplica(model, optimizer, config.mixed_precision)
-        with optimizer.grad_averager.get_tensors() as gradients:
-            shapes = [gradient.shape for gradient in gradients]
-        compression, timeout_s = config.averaging.compression, config.averaging.timeout_s
-        self.exchange = GradientExchange(self.peer_id, shapes, compression, config.credentials, timeout_s)
-        optimizer.exchange = self.exchange
+        self.exchange = optimizer.exchange = gradient_exchange(config, self.peer_id, optimizer)
         self.metrics = PeerMetrics(self.peer_id)
         self.metrics.registry.register(StageCollector(self.replica, config.run_id, self.stage))
         self.server, self.address = self._serve()
@@ -248,6 +244,14 @@ class TrainingStagePeer:
         self.replica.optimizer.shutdown()
         self.registry.shutdown()
         time.sleep(0.1)
+
+
+def gradient_exchange(config: TrainConfig, peer_id: str, optimizer: Any) -> GradientExchange:
+    """The replica's side of its stage's gradient rounds, for the tensors hivemind's accumulators hold."""
+    with optimizer.grad_averager.get_tensors() as gradients:
+        shapes = [gradient.shape for gradient in gradients]
+    averaging = config.averaging
+    return GradientExchange(peer_id, shapes, averaging.compression, config.credentials, averaging.timeout_s)
 
 
 def stage_registry(config: TrainConfig, initial_peers: list[str]) -> Registry:
