@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from transformers import PretrainedConfig
 
 from peers.metrics import PeerMetrics
 from peers.training.gradient_exchange import GradientExchange
@@ -50,7 +51,15 @@ CATCH_UP_PERIOD_S = 1.0
 class TrainingStagePeer:
     """Plain class; swarm/training/job.py wraps it with ray.remote. Keep the peer_id across restarts."""
 
-    def __init__(self, config: TrainConfig, start: int, end: int, initial_peers: list[str], peer_id: str = "") -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        start: int,
+        end: int,
+        initial_peers: list[str],
+        peer_id: str = "",
+        model_config: PretrainedConfig | None = None,  # the model's config as the job read it (portable_config)
+    ) -> None:
         die_with_parent_on_fork()
         torch.set_num_threads(config.threads)
         self.config, self.span = config, Span(start, end)
@@ -58,7 +67,12 @@ class TrainingStagePeer:
         self.registry = stage_registry(config, initial_peers)
         self.announced_host = config.hosts.announced(multiaddr_host(initial_peers[0]) if initial_peers else None)
         model = load_stage_model(
-            config.model, start, end, device=config.device, activation_checkpointing=config.activation_checkpointing
+            config.model,
+            start,
+            end,
+            device=config.device,
+            activation_checkpointing=config.activation_checkpointing,
+            hf_config=model_config,
         )
         self.total_blocks = model.span.cfg.num_layers
         self.stage = f"{start}-{end}"

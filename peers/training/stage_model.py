@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from transformers import PretrainedConfig
 
 from swarm.errors import InvalidRequest
 from swarm.partition import BlockSpan, architecture_of, load_span, open_checkpoint
@@ -121,11 +122,12 @@ def load_stage_model(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     activation_checkpointing: bool = False,
+    hf_config: PretrainedConfig | None = None,
 ) -> StageModel:
     """The stage [start, end) of the checkpoint at `path`, with embeddings if it starts at block 0 and the head if
-    it ends at the last block."""
-    checkpoint_, hf_config, cfg = open_checkpoint(path)
-    span = load_span(path, start, end, dtype, device)
+    it ends at the last block. `hf_config`: the checkpoint's config, already read (swarm.partition.portable_config)."""
+    checkpoint_, hf_config, cfg = open_checkpoint(path, hf_config)
+    span = load_span(path, start, end, dtype, device, hf_config=hf_config)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     is_first, is_last = start == 0, end == cfg.num_layers
     names = {EMBEDDINGS} if is_first or (is_last and tied) else set()

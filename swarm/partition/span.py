@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
 from swarm.partition.architecture import BlockConfig, architecture_of
@@ -192,11 +193,12 @@ def load_span(
     device: str = "cpu",
     progress: bool = False,
     quant: Quant = "none",
+    hf_config: PretrainedConfig | None = None,
 ) -> BlockSpan:
     """Build blocks [start, end) of the checkpoint at `path`, reading only their tensors, one block at a time: each
     block is read, converted (to `dtype`, its linear layers to `quant`: swarm/partition/quantize.py) and moved to
     `device` before the next is read, so the span is never staged whole in host memory. With `progress`, a bar of
-    the blocks loaded is drawn on a terminal.
+    the blocks loaded is drawn on a terminal. `hf_config`: the checkpoint's config, already read (open_checkpoint).
 
     Raises:
         CheckpointError, UnsupportedArchitectureError: see open_checkpoint; also tensors missing for a block.
@@ -204,7 +206,7 @@ def load_span(
         InvalidRequest: an unknown `quant`.
     """
     quant = check_quant(quant)
-    checkpoint, hf_config, cfg = open_checkpoint(path)
+    checkpoint, hf_config, cfg = open_checkpoint(path, hf_config)
     architecture = architecture_of(cfg.model_type)
     rotary = architecture.rotary(hf_config, cfg)  # built outside the meta context: its table is real
     with torch.device("meta"):

@@ -70,9 +70,10 @@ class TrainingJob:
         import ray
 
         from peers.training.actor import TrainingStagePeer
-        from swarm.partition import open_checkpoint
+        from swarm.partition import open_checkpoint, portable_config
 
-        total = open_checkpoint(self.config.model)[2].num_layers
+        _, hf_config, block_config = open_checkpoint(self.config.model)
+        model_config, total = portable_config(hf_config), block_config.num_layers
         options = {
             "num_cpus": 0,
             "num_gpus": 1 if self.config.device == "cuda" else 0,
@@ -82,7 +83,9 @@ class TrainingJob:
         remote = ray.remote(TrainingStagePeer).options(**options)
         for start, end in self.config.stage_spans(total):
             self.stages[(start, end)] = [
-                remote.remote(self.config, start, end, self.initial_peers, f"stage{start}-{end}-r{replica}")
+                remote.remote(
+                    self.config, start, end, self.initial_peers, f"stage{start}-{end}-r{replica}", model_config
+                )
                 for replica in range(self.config.replicas_per_stage)
             ]
         ray.get([a.info.remote() for actors in self.stages.values() for a in actors], timeout=ACTOR_START_TIMEOUT_S)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
+from transformers import PretrainedConfig
 
-from swarm.errors import InvalidRequest, InvalidSpan
-from swarm.partition import load_client_head, load_span
+from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
+from swarm.partition import load_client_head, load_span, open_checkpoint, portable_config
 
 from .conftest import SaveTiny, logits_step_by_step
 
@@ -128,3 +131,40 @@ def test_auto_dtype_is_bfloat16_on_cuda_float16_without_bf16_and_float32_on_cpu(
     assert resolve_dtype("auto", "cuda", has_bf16=True) == torch.bfloat16
     assert resolve_dtype("auto", "cuda", has_bf16=False) == torch.float16
     assert resolve_dtype("float32", "cuda", has_bf16=True) == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        ("llama", {}),
+        ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+        ("qwen2", {}),
+        ("qwen3", {}),
+        ("mixtral", {}),
+        ("phi3", {"partial_rotary_factor": 0.5}),
+    ],
+)
+@torch.inference_mode()
+def test_a_span_built_from_the_portable_config_equals_one_built_from_config_json(
+    save_tiny: SaveTiny, family: str, overrides: dict, tmp_path
+) -> None:
+    """What a training job hands its stage replicas (portable_config, pickled through Ray) builds the same blocks:
+    the same block config, rotary tables and outputs, without the family's config class."""
+    path, _ = save_tiny(family, **overrides)
+    _, hf_config, block_config = open_checkpoint(path)
+    pickled = tmp_path / "config.pickle"
+    pickled.write_bytes(pickle.dumps(portable_config(hf_config)))
+    portable = pickle.loads(pickled.read_bytes())
+    assert type(portable) is PretrainedConfig
+    assert open_checkpoint(path, portable)[2] == block_config
+    hidden = torch.randn(2, 7, block_config.hidden_size, generator=torch.Generator().manual_seed(1))
+    expected = load_span(path, 0, 3)(hidden)
+    assert torch.equal(load_span(path, 0, 3, hf_config=portable)(hidden), expected)
+
+
+def test_a_config_of_another_model_type_is_refused_by_name(save_tiny: SaveTiny) -> None:
+    llama, _ = save_tiny("llama")
+    qwen, _ = save_tiny("qwen2")
+    _, qwen_config, _ = open_checkpoint(qwen)
+    with pytest.raises(CheckpointError, match="model_type 'qwen2'"):
+        open_checkpoint(llama, portable_config(qwen_config))
