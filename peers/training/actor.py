@@ -16,12 +16,11 @@ import os
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from transformers import PretrainedConfig
 
 from peers.metrics import PeerMetrics
 from peers.training.gradient_exchange import GradientExchange
@@ -41,6 +40,9 @@ from swarm.training.config import TrainConfig
 from swarm.training.stage_calls import StageCalls
 from swarm.types import PeerInfo, PeerState, Span
 
+if TYPE_CHECKING:
+    from swarm.partition.config import PortableConfig
+
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 << 20  # micro-batches travel whole (no chunking on the training RPCs)
@@ -58,7 +60,7 @@ class TrainingStagePeer:
         end: int,
         initial_peers: list[str],
         peer_id: str = "",
-        model_config: PretrainedConfig | None = None,  # the model's config as the job read it (portable_config)
+        model_config: PortableConfig | None = None,  # the model's config as the job read it (portable_config)
     ) -> None:
         die_with_parent_on_fork()
         torch.set_num_threads(config.threads)

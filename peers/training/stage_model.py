@@ -7,16 +7,19 @@ the LM head) gives the first and last stage each their own copy; they are traine
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import PretrainedConfig
 
 from swarm.errors import InvalidRequest
 from swarm.partition import BlockSpan, architecture_of, load_span, open_checkpoint
 from swarm.partition.client_head import EMBEDDINGS, FINAL_NORM, LM_HEAD
+
+if TYPE_CHECKING:
+    from swarm.partition.config import PortableConfig
 
 
 class StageModel(nn.Module):
@@ -122,7 +125,7 @@ def load_stage_model(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     activation_checkpointing: bool = False,
-    hf_config: PretrainedConfig | None = None,
+    hf_config: PortableConfig | None = None,
 ) -> StageModel:
     """The stage [start, end) of the checkpoint at `path`, with embeddings if it starts at block 0 and the head if
     it ends at the last block. `hf_config`: the checkpoint's config, already read (swarm.partition.portable_config)."""

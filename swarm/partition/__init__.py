@@ -13,7 +13,7 @@ from __future__ import annotations
 from swarm.partition.architecture import Architecture, BlockConfig, architecture_of
 from swarm.partition.checkpoint import Checkpoint
 from swarm.partition.client_head import ClientHead, load_client_head
-from swarm.partition.config import open_checkpoint, portable_config
+from swarm.partition.config import PortableConfig, open_checkpoint, portable_config
 from swarm.partition.span import BlockSpan, SpanCache, load_span
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "BlockSpan",
     "Checkpoint",
     "ClientHead",
+    "PortableConfig",
     "SpanCache",
     "architecture_of",
     "load_client_head",

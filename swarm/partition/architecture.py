@@ -10,13 +10,16 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from swarm.errors import UnsupportedArchitectureError
 from swarm.partition.layers import RMSNorm, RotaryEmbedding, check_rope_type, rope_parameters
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # model_type -> the module whose ARCHITECTURE serves it; imported only when a checkpoint of that type is opened.
 FAMILIES: dict[str, str] = {

@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-from transformers import AutoConfig, PretrainedConfig
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from swarm.errors import CheckpointError, UnsupportedArchitectureError
 from swarm.partition.architecture import FAMILIES, BlockConfig, architecture_of
 from swarm.partition.checkpoint import Checkpoint
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+
+class PortableConfig(SimpleNamespace):
+    """A model config's attributes, as transformers' config class for the family left them (defaults filled in,
+    rope parameters standardised), in a plain object. A Ray driver reads the config once and hands this to its
+    actors: it unpickles without importing transformers, which a restarted training stage replica would otherwise
+    import first (about 0.7 s of a fresh process on an idle core, and in the family's config module about 1.1 s
+    more; two to three times that beside a training run), before it serves again."""
+
+    model_type: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
 
 def open_checkpoint(
-    path: str | Path, hf_config: PretrainedConfig | None = None
-) -> tuple[Checkpoint, PretrainedConfig, BlockConfig]:
+    path: str | Path, hf_config: PretrainedConfig | PortableConfig | None = None
+) -> tuple[Checkpoint, PretrainedConfig | PortableConfig, BlockConfig]:
     """The checkpoint, its HF config and the block config. `hf_config`: the checkpoint's config as read before
     (portable_config), instead of reading config.json again through transformers.
 
@@ -35,19 +51,22 @@ def open_checkpoint(
             f"{checkpoint.model_type!r}"
         )
     if hf_config is None:
-        try:
-            hf_config = AutoConfig.from_pretrained(str(checkpoint.path), local_files_only=True)
-        except (OSError, ValueError, TypeError) as error:
-            raise CheckpointError(f"cannot load config.json of {checkpoint.path}: {error}") from error
+        hf_config = _read_config(checkpoint.path, f"config.json of {checkpoint.path}")
     return checkpoint, hf_config, architecture_of(checkpoint.model_type).block_config(hf_config)
 
 
-def portable_config(hf_config: PretrainedConfig) -> PretrainedConfig:
-    """The same attributes on transformers' base config class. Read once by a Ray driver and handed to its actors,
-    it unpickles without importing the model family's config module, which pulls in much of transformers (about
-    1.1 s of a fresh process on an idle core, two to three times that while training runs beside it): the time
-    a restarted training stage would spend on it before serving again."""
-    return PretrainedConfig(**hf_config.to_dict())
+def portable_config(hf_config: PretrainedConfig) -> PortableConfig:
+    """`hf_config` as a PortableConfig (what open_checkpoint and the span loaders take instead of reading it)."""
+    return PortableConfig(**hf_config.to_dict())
+
+
+def _read_config(directory: Path, what: str) -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, TypeError) as error:
+        raise CheckpointError(f"cannot load {what}: {error}") from error
 
 
 def read_block_config(path: str | Path) -> tuple[PretrainedConfig, BlockConfig]:
@@ -61,10 +80,7 @@ def read_block_config(path: str | Path) -> tuple[PretrainedConfig, BlockConfig]:
     config_path = Path(path) / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"no config.json in {path}")
-    try:
-        hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, TypeError) as error:
-        raise CheckpointError(f"cannot load {config_path}: {error}") from error
+    hf_config = _read_config(Path(path), str(config_path))
     if hf_config.model_type not in FAMILIES:
         raise UnsupportedArchitectureError(
             f"{config_path} has model_type {hf_config.model_type!r}; supported: {sorted(FAMILIES)}"

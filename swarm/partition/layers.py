@@ -6,14 +6,18 @@ paged path (peers/paged_attention.py) supply rotary tables and KV layers to them
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig
 
 from swarm.errors import UnsupportedArchitectureError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from swarm.partition.config import PortableConfig
 
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})  # inv_freq does not depend on length
 
@@ -51,7 +55,7 @@ class RotaryEmbedding(nn.Module):
     `dim` is the rotated part of a head: head_dim, or less with a partial rotary factor (Phi-3 family).
     """
 
-    def __init__(self, config: PretrainedConfig, dim: int) -> None:
+    def __init__(self, config: PretrainedConfig | PortableConfig, dim: int) -> None:
         super().__init__()
         rope_type = check_rope_type(config)
         if rope_type == "default":
@@ -59,8 +63,11 @@ class RotaryEmbedding(nn.Module):
             inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
             scaling = 1.0
         else:
+            from transformers import PretrainedConfig
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+            if not isinstance(config, PretrainedConfig):  # a PortableConfig: transformers reads a config of its own
+                config = PretrainedConfig(**config.to_dict())
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.scaling = float(scaling)

@@ -8,13 +8,17 @@ to a `KVLayer`: a session's contiguous cache (span.py) or a peer's pages shared 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig
 
 from swarm.partition.architecture import Architecture, BlockConfig, common_fields
 from swarm.partition.layers import KVLayer, RMSNorm, apply_rotary, causal_attention
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class Attention(nn.Module):

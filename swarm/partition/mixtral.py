@@ -7,14 +7,18 @@ up); the block calls it `mlp`, so block_tensors renames that one prefix.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig
 
 from swarm.errors import UnsupportedArchitectureError
 from swarm.partition.architecture import Architecture, BlockConfig, common_fields
 from swarm.partition.llama import LlamaBlock, attention_parameters
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 CHECKPOINT_MOE = "block_sparse_moe."
 BLOCK_MOE = "mlp."

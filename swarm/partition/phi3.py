@@ -4,13 +4,17 @@ head (partial_rotary_factor). No biases. Found through FAMILIES."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig
 
 from swarm.partition.architecture import Architecture, BlockConfig, common_fields
 from swarm.partition.llama import Attention, LlamaBlock
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class FusedQKVAttention(Attention):

@@ -3,13 +3,17 @@ head_dim) before rotary embeddings; o_proj carries a bias when attention_bias do
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from swarm.partition.architecture import Architecture, BlockConfig, common_fields
 from swarm.partition.layers import RMSNorm
 from swarm.partition.llama import Attention, LlamaBlock, attention_parameters, mlp_parameters
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class QKNormAttention(Attention):

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
 from swarm.partition.architecture import BlockConfig, architecture_of
@@ -20,6 +20,11 @@ from swarm.partition.config import open_checkpoint
 from swarm.partition.layers import KVLayer, RotaryEmbedding, causal_attention
 from swarm.partition.quantize import Quant, check_quant, module_bytes, quantize_linears
 from swarm.progress import progress_bar
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from swarm.partition.config import PortableConfig
 
 
 class SpanCache:
@@ -193,7 +198,7 @@ def load_span(
     device: str = "cpu",
     progress: bool = False,
     quant: Quant = "none",
-    hf_config: PretrainedConfig | None = None,
+    hf_config: PretrainedConfig | PortableConfig | None = None,
 ) -> BlockSpan:
     """Build blocks [start, end) of the checkpoint at `path`, reading only their tensors, one block at a time: each
     block is read, converted (to `dtype`, its linear layers to `quant`: swarm/partition/quantize.py) and moved to

@@ -6,10 +6,9 @@ import pickle
 
 import pytest
 import torch
-from transformers import PretrainedConfig
 
 from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
-from swarm.partition import load_client_head, load_span, open_checkpoint, portable_config
+from swarm.partition import PortableConfig, load_client_head, load_span, open_checkpoint, portable_config
 
 from .conftest import SaveTiny, logits_step_by_step
 
@@ -149,13 +148,13 @@ def test_a_span_built_from_the_portable_config_equals_one_built_from_config_json
     save_tiny: SaveTiny, family: str, overrides: dict, tmp_path
 ) -> None:
     """What a training job hands its stage replicas (portable_config, pickled through Ray) builds the same blocks:
-    the same block config, rotary tables and outputs, without the family's config class."""
+    the same block config, rotary tables and outputs, without transformers' config classes."""
     path, _ = save_tiny(family, **overrides)
     _, hf_config, block_config = open_checkpoint(path)
     pickled = tmp_path / "config.pickle"
     pickled.write_bytes(pickle.dumps(portable_config(hf_config)))
     portable = pickle.loads(pickled.read_bytes())
-    assert type(portable) is PretrainedConfig
+    assert type(portable) is PortableConfig
     assert open_checkpoint(path, portable)[2] == block_config
     hidden = torch.randn(2, 7, block_config.hidden_size, generator=torch.Generator().manual_seed(1))
     expected = load_span(path, 0, 3)(hidden)

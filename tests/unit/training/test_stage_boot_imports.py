@@ -1,0 +1,57 @@
+"""A training stage replica boots without transformers: the job hands it the model's config as a PortableConfig,
+so a replica that Ray restarts on a busy host imports and builds its stage without transformers' modules (about
+0.7 s of a fresh process, and the family's config module 1.1 s more) before it serves again."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from swarm.partition import open_checkpoint, portable_config
+from swarm.training.init_model import write_random_llama
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+SCRIPT = textwrap.dedent(
+    """
+    import importlib.abc, pickle, sys
+
+    class RefuseTransformers(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "transformers" or name.startswith("transformers."):
+                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
+
+    sys.meta_path.insert(0, RefuseTransformers())
+    import torch
+    import peers.training.actor
+    from peers.training.stage_model import load_stage_model
+
+    config = pickle.loads(open(sys.argv[2], "rb").read())
+    first = load_stage_model(sys.argv[1], 0, 1, hf_config=config)
+    last = load_stage_model(sys.argv[1], 1, 2, hf_config=config)
+    ids = torch.randint(0, 256, (2, 9))
+    loss = last(first(ids), ids)
+    assert torch.isfinite(loss), loss
+    print("booted", float(loss))
+    """
+)
+
+
+def test_a_stage_replica_imports_and_builds_its_stage_without_transformers(tmp_path) -> None:
+    model = write_random_llama(tmp_path / "model", layers=2, hidden=64, vocab=256)
+    config = tmp_path / "config.pickle"
+    config.write_bytes(pickle.dumps(portable_config(open_checkpoint(model)[1])))
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(model), str(config)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("booted"), result.stdout
