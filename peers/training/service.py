@@ -20,7 +20,7 @@ import torch
 
 from peers.limits import Admission, LimitsConfig
 from peers.metrics import PeerMetrics
-from peers.service import answers_errors
+from peers.rpc_status import answers_errors
 from peers.training.gradient_exchange import GradientExchange
 from peers.training.replica import CallTiming, StageReplica
 from swarm._proto import swarm_pb2 as pb
