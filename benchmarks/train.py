@@ -99,11 +99,12 @@ def _stage_infos(job, timeout_s: float = 120.0) -> dict:
 
 
 def profile(progress: dict, before: dict, after: dict, wall_s: float) -> dict:
-    """Per stage, the fraction of the phase its replicas spent computing, averaging and with requests queued
-    (replicas restarted by churn count from zero); per micro-batch, milliseconds of compute, queueing (waiting for
-    a replica), averaging (inside a collaborative step) and transfer (coding, gRPC, network), summed over its
-    calls, and its wall time; bytes per sample the trainers sent and received, the stages pushed to each other
-    (Train), and all of them together."""
+    """Per stage, the fraction of the phase its replicas spent computing (wall clock, and the CPU time the
+    computing threads got: less on busy cores), averaging and with requests queued (replicas restarted by churn
+    count from zero); per micro-batch, milliseconds of compute (and its CPU time), queueing (waiting for a
+    replica), averaging (inside a collaborative step) and transfer (coding, gRPC, network), summed over its calls,
+    and its wall time; bytes per sample the trainers sent and received, the stages pushed to each other (Train),
+    and all of them together."""
     stages = {}
     for span, replicas in after.items():
         old = before.get(span, [])

@@ -78,8 +78,7 @@ class SiblingReplicas:
 
     def samples_toward(self, step: int) -> int:
         """The live siblings' samples toward `step`, as they last said (a sibling at another step adds none)."""
-        live = set(self.addresses)
-        counts = [self._counts.get(peer_id) for peer_id, address in self.online.items() if address in live]
+        counts = [self._counts.get(peer_id) for peer_id in self.live()]
         return sum(count[1] for count in counts if count is not None and count[0] == step)
 
     def tell_progress(self, step: int, samples: int) -> None:
