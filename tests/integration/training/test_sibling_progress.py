@@ -8,6 +8,7 @@ averaging), driven by the trainer's own StageCalls so that the test chooses whic
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from peers.training.actor import TrainingStagePeer
 from swarm.codec import CodecId
+from swarm.errors import InvalidRequest
 from swarm.registry import Registry
 from swarm.training.data import load_dataset
 from swarm.training.stage_calls import StageCalls
@@ -80,3 +82,23 @@ def test_a_kept_forward_serves_its_backward_one_update_later(make_config) -> Non
         assert replica.step == 3 and replica.counters.forwards_reused == 2
     finally:
         first.stop()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 3e38])
+def test_a_backward_with_gradients_that_are_not_finite_is_refused_and_nothing_is_kept(make_config, bad) -> None:
+    """NaN, Inf, or finite grad_outputs so large that the parameters' gradients overflow float32: the backward is
+    refused by name, nothing of it is accumulated, and the replica's next backward is applied as usual."""
+    config = make_config("not-finite", codec="NONE", target_batch=64, steps=10)
+    stage = TrainingStagePeer(config, 0, 2, [])
+    input_ids, _ = load_dataset(config.data).sample(8, torch.Generator().manual_seed(0))
+    replica = stage.replica
+    hidden = replica.model.span.cfg.hidden_size
+    try:
+        with pytest.raises(InvalidRequest, match="not finite"):
+            replica.backward(input_ids, torch.full((8, 32, hidden), bad), None)
+        assert replica.samples_accumulated == 0 and replica.counters.samples_total == 0
+        assert all(p.grad is None or not p.grad.any() for p in replica.model.parameters())
+        replica.backward(input_ids, torch.randn(8, 32, hidden) * 1e-3, None)
+        assert replica.samples_accumulated == 8 and replica.counters.samples_total == 8
+    finally:
+        stage.stop()
