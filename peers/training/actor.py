@@ -68,27 +68,10 @@ class TrainingStagePeer:
         self.peer_id = peer_id or uuid.uuid4().hex[:16]
         self.registry = stage_registry(config, initial_peers)
         self.announced_host = config.hosts.announced(multiaddr_host(initial_peers[0]) if initial_peers else None)
-        model = load_stage_model(
-            config.model,
-            start,
-            end,
-            device=config.device,
-            activation_checkpointing=config.activation_checkpointing,
-            hf_config=model_config,
-        )
-        self.total_blocks = model.span.cfg.num_layers
         self.stage = f"{start}-{end}"
-        optimizer = build_optimizer(
-            self.registry.dht,
-            f"{config.run_id}_stage{self.stage}",
-            model.parameters(),
-            config.optimizer,
-            config.averaging,
-            config.target_batch,
-            config.steps,
-            config.averaging.group_size or config.replicas_per_stage,
-        )
-        self.replica = StageReplica(model, optimizer, config.mixed_precision)
+        self.replica = stage_replica(config, self.span, self.registry, model_config)
+        self.total_blocks = self.replica.model.span.cfg.num_layers
+        optimizer = self.replica.optimizer
         self.exchange = optimizer.exchange = gradient_exchange(config, self.peer_id, optimizer)
         self.metrics = PeerMetrics(self.peer_id)
         self.metrics.registry.register(StageCollector(self.replica, config.run_id, self.stage))
@@ -260,6 +243,31 @@ class TrainingStagePeer:
         self.replica.optimizer.shutdown()
         self.registry.shutdown()
         time.sleep(0.1)
+
+
+def stage_replica(
+    config: TrainConfig, span: Span, registry: Registry, model_config: PortableConfig | None
+) -> StageReplica:
+    """The stage's blocks from the checkpoint and their collaborative optimizer (in the run's DHT)."""
+    model = load_stage_model(
+        config.model,
+        span.start,
+        span.end,
+        device=config.device,
+        activation_checkpointing=config.activation_checkpointing,
+        hf_config=model_config,
+    )
+    optimizer = build_optimizer(
+        registry.dht,
+        f"{config.run_id}_stage{span.start}-{span.end}",
+        model.parameters(),
+        config.optimizer,
+        config.averaging,
+        config.target_batch,
+        config.steps,
+        config.averaging.group_size or config.replicas_per_stage,
+    )
+    return StageReplica(model, optimizer, config.mixed_precision)
 
 
 def gradient_exchange(config: TrainConfig, peer_id: str, optimizer: Any) -> GradientExchange:
