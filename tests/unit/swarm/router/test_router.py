@@ -26,12 +26,29 @@ class FakeClock:
 def test_bans_double_until_the_cap_and_expire() -> None:
     clock = FakeClock()
     bans = Bans(base_s=1.0, max_s=5.0, clock=clock)
-    assert [bans.ban("a") for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
-    assert bans.is_banned("a") and not bans.is_banned("b")
-    clock.now = 5.1
-    assert not bans.is_banned("a")
+    durations = []
+    for _ in range(5):  # each failure comes once the previous ban expired: failures in a row
+        durations.append(bans.ban("a"))
+        assert bans.is_banned("a") and not bans.is_banned("b")
+        clock.now += durations[-1]
+        assert not bans.is_banned("a")
+    assert durations == [1.0, 2.0, 4.0, 5.0, 5.0]
     bans.forgive("a")
     assert bans.ban("a") == 1.0
+
+
+def test_failures_while_banned_are_the_same_outage() -> None:
+    """Several calls in flight to a peer that went down fail together: the ban is not doubled for each."""
+    clock = FakeClock()
+    bans = Bans(base_s=1.0, max_s=60.0, clock=clock)
+    assert bans.ban("a") == 1.0
+    clock.now = 0.25
+    assert [bans.ban("a") for _ in range(6)] == [0.75] * 6
+    clock.now = 1.0
+    assert not bans.is_banned("a")
+    assert bans.ban("a") == 2.0  # the second failure in a row
+    bans.pause("b", 3.0)  # busy, not failed: its first failure is still the first
+    assert bans.ban("b") == 1.0
 
 
 def test_min_latency_prefers_fewer_faster_hops() -> None:
@@ -88,3 +105,18 @@ def test_wiring_spreads_load_in_proportion_to_throughput() -> None:
         counts[route[0].peer_id] += 1
         assert route[-1].peer_id == "next" and route[-1].span == Span(10, 20)
     assert 2.5 <= counts["fast"] / counts["slow"] <= 3.5
+
+
+def test_wiring_gives_work_to_a_replica_that_has_not_measured_itself() -> None:
+    """A replica Ray just restarted announces no throughput yet: it is counted as fast as its measured sibling, so
+    it is chosen and measures itself, instead of being left idle beside it."""
+    router = WiringRouter(rng=random.Random(0))
+    peers = [peer("measured", 0, 10, tokens=2000.0), peer("restarted", 0, 10, tokens=0.0)]
+    counts: Counter[str] = Counter()
+    for _ in range(200):
+        route = router.choose(Span(0, 10), peers, tokens=512)
+        router.acquire(route, 512)
+        counts[route[0].peer_id] += 1
+    assert 0.8 <= counts["restarted"] / counts["measured"] <= 1.25
+    alone = [peer("new-a", 0, 10, tokens=0.0), peer("new-b", 0, 10, tokens=0.0)]  # nobody measured: still routed
+    assert router.choose(Span(0, 10), alone)[0].peer_id in {"new-a", "new-b"}
