@@ -15,7 +15,7 @@ from peers.server import PeerServer, ServerConfig
 from swarm.client import InferenceSession, RemoteSequential
 from swarm.codec import CodecId
 from swarm.errors import InvalidRequest, MissingBlocks
-from swarm.router import MinLatencyRouter, WiringRouter
+from swarm.router import Bans, MinLatencyRouter, WiringRouter
 from swarm.security import SwarmCredentials
 from swarm.types import Span
 
@@ -282,8 +282,10 @@ def test_a_stale_route_to_a_peer_that_moved_fails_over_and_outputs_do_not_change
     assert worst_relative(got, expected) <= 1e-5
     # A forward call on the stale route is retried on the peer that does serve [15, 30).
     stale_forward = dataclasses.replace(stale, forward_tokens_per_s=1e6)
+    slow_forward = dataclasses.replace(slow, forward_tokens_per_s=10.0)  # measured, and slower than the stale record
+    frozen = Bans(clock=lambda: 0.0)  # a step-aside lasts until the assertion below, however slow the machine
     blocks = RemoteSequential(
-        WiringRouter(), lambda: [stale_forward, slow], Span(15, 30), CodecId.NONE, credentials=OPEN
+        WiringRouter(bans=frozen), lambda: [stale_forward, slow_forward], Span(15, 30), CodecId.NONE, credentials=OPEN
     )
     try:
         hidden = tokens[:, :4]
