@@ -1,8 +1,4 @@
-"""Which peers not to use for now: a failed peer is banned for a time that doubles with each failure in a row.
-
-Failures reported while the peer is already banned do not count again: they are calls that were in flight when it
-went down (a trainer has several), the same outage. Counting each would ban a peer that Ray restarts in seconds
-for a minute."""
+"""Which peers not to use for now: a failed peer is banned for a time that doubles with each failure in a row."""
 
 from __future__ import annotations
 
@@ -27,14 +23,12 @@ class Bans:
         self._lock = threading.Lock()
 
     def ban(self, peer_id: str) -> float:
-        """Record a failure; returns how long the peer is banned for (from now)."""
+        """Record a failure; returns how long the peer is banned for."""
         with self._lock:
-            now, previous = self.clock(), self._bans.get(peer_id)
-            if previous is not None and previous.until > now and previous.failures:
-                return previous.until - now  # the same outage, seen by another call
+            previous = self._bans.get(peer_id)
             failures = previous.failures + 1 if previous else 1
             duration = min(self.base_s * 2 ** (failures - 1), self.max_s)
-            self._bans[peer_id] = _Ban(now + duration, failures)
+            self._bans[peer_id] = _Ban(self.clock() + duration, failures)
             return duration
 
     def pause(self, peer_id: str, seconds: float) -> float:

@@ -258,7 +258,6 @@ class Trainer:
 
     def _account_stage(self, hop: Hop, step: int, compute_s: float, queue_s: float, averaging_s: float) -> None:
         stage = f"{hop.span.start}-{hop.span.end}"
-        self.router.bans.forgive(hop.peer_id)  # it answered: a later failure starts the backoff from the beginning
         with self._lock:
             self.progress.stage_steps[stage] = max(self.progress.stage_steps.get(stage, 0), step)
             self.progress.compute_s += compute_s
