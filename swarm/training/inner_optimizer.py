@@ -1,6 +1,5 @@
-"""The optimizer step a stage applies, outside of any averaging: AdamW (swarm/training/adamw.py, or bitsandbytes'
-AdamW8bit) that clips the gradients' global norm and scales the rate by the batch the step really averaged (the
-linear rule).
+"""The optimizer step a stage applies, outside of any averaging: AdamW (or bitsandbytes' AdamW8bit) that clips
+the gradients' global norm and scales the rate by the batch the step really averaged (the linear rule).
 
 Shared by the stages' collaborative optimizers (peers/training/optimizer.py) and the single-process reference.
 """
@@ -13,7 +12,6 @@ from typing import Any
 import torch
 from torch.nn.utils import clip_grad_norm_
 
-from swarm.training.adamw import AdamW
 from swarm.training.config import OptimizerConfig
 from swarm.training.schedule import batch_rescale
 
@@ -64,7 +62,7 @@ def make_inner_optimizer(params: Iterable[Any], config: OptimizerConfig, round_b
 
         base: type = bnb.optim.AdamW8bit
     else:
-        base = AdamW
+        base = torch.optim.AdamW
     cls = type(f"Clipped{base.__name__}", (ClipAndRescale, base), {})
     optimizer = cls(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     optimizer.clip_norm, optimizer.round_batch = config.clip_norm, round_batch

@@ -1,8 +1,6 @@
-"""A training stage replica boots and trains without transformers and without torch's compiler: the job hands it
-the model's config as a PortableConfig, and its optimizer is swarm/training/adamw.py. So a replica that Ray restarts
-on a busy host imports and builds its stage without transformers' modules (about 0.7 s of a fresh process, and the
-family's config module 1.1 s more) and without `torch._dynamo` (1.0 s, which torch.optim's optimizers import the
-first time one of their methods runs) before it serves again."""
+"""A training stage replica boots without transformers: the job hands it the model's config as a PortableConfig,
+so a replica that Ray restarts on a busy host imports and builds its stage without transformers' modules (about
+0.7 s of a fresh process, and the family's config module 1.1 s more) before it serves again."""
 
 from __future__ import annotations
 
@@ -20,58 +18,40 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent(
     """
-    import importlib.abc, math, pickle, sys
+    import importlib.abc, pickle, sys
 
-    class Refuse(importlib.abc.MetaPathFinder):
+    class RefuseTransformers(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] == "transformers" or name.split(".")[:2] == ["torch", "_dynamo"]:
+            if name == "transformers" or name.startswith("transformers."):
                 raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
 
-    sys.meta_path.insert(0, Refuse())
+    sys.meta_path.insert(0, RefuseTransformers())
     import torch
-    from peers.training.actor import stage_registry, stage_replica
-    from swarm.training.config import config_from_dict
-    from swarm.types import Span
+    import peers.training.actor
+    from peers.training.stage_model import load_stage_model
 
-    model, model_config, text = sys.argv[1], pickle.loads(open(sys.argv[2], "rb").read()), sys.argv[3]
-    config = config_from_dict({
-        "run_id": "boot", "model": model, "num_stages": 1, "replicas_per_stage": 1, "micro_batch": 2,
-        "target_batch": 4, "steps": 2, "credentials": "open",
-        "data": {"path": text, "tokenizer": "bytes", "seq_len": 8},
-    })
-    registry = stage_registry(config, [])
-    replica = None
-    try:
-        replica = stage_replica(config, Span(0, 2), registry, model_config)  # the model and its hivemind optimizer
-        before = {name: tensor.clone() for name, tensor in replica.model.hf_state_dict().items()}
-        ids = torch.randint(0, 256, (2, 9))
-        for _ in range(2):  # two micro-batches of 2: the target batch, so the stage steps (alone)
-            _, loss, _ = replica.backward(ids[:, :-1], None, ids[:, 1:])
-        assert replica.step == 1 and math.isfinite(loss), (replica.step, loss)
-        replica.restore(replica.snapshot())  # the optimizer's state_dict and load_state_dict
-        after = replica.model.hf_state_dict()
-        moved = sum(not torch.equal(before[name], tensor) for name, tensor in after.items())
-        assert moved == len(after), f"{moved} of {len(after)} tensors moved"
-        print("trained", float(loss))
-    finally:
-        if replica is not None:
-            replica.optimizer.shutdown()
-        registry.shutdown()
+    config = pickle.loads(open(sys.argv[2], "rb").read())
+    first = load_stage_model(sys.argv[1], 0, 1, hf_config=config)
+    last = load_stage_model(sys.argv[1], 1, 2, hf_config=config)
+    ids = torch.randint(0, 256, (2, 9))
+    loss = last(first(ids), ids)
+    assert torch.isfinite(loss), loss
+    print("booted", float(loss))
     """
 )
 
 
-def test_a_stage_replica_boots_and_steps_without_transformers_or_torch_dynamo(tmp_path) -> None:
+def test_a_stage_replica_imports_and_builds_its_stage_without_transformers(tmp_path) -> None:
     model = write_random_llama(tmp_path / "model", layers=2, hidden=64, vocab=256)
     config = tmp_path / "config.pickle"
     config.write_bytes(pickle.dumps(portable_config(open_checkpoint(model)[1])))
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(model), str(config), str(REPO_ROOT / "tests" / "data" / "eval_text.txt")],
+        [sys.executable, "-c", SCRIPT, str(model), str(config)],
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith("trained"), result.stdout
+    assert result.stdout.startswith("booted"), result.stdout
