@@ -23,6 +23,7 @@ from pathlib import Path
 
 from swarm.training.churn import ReplicaChurn
 
+REJOIN_WAIT_S = 120.0  # after a churn phase, for the replicas killed last to be serving again
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "eval_text.txt"
 
 
@@ -37,7 +38,7 @@ def make_config(model: Path, args: argparse.Namespace, run_id: str, replicas: in
         "averaging": {"matchmaking_s": 0.5, "timeout_s": 5.0, "overlap": args.overlap,
                       "compression": compression or args.averaging_compression},
         "credentials": "open",
-    })  # fmt: skip
+    } | ({"boot_idle_s": args.boot_idle} if args.boot_idle is not None else {}))  # fmt: skip
 
 
 def run_local(config) -> dict:
@@ -60,7 +61,9 @@ def run_swarm(config, deadline_s: float, churn_period_s: float | None = None) ->
             churn = ReplicaChurn(job, churn_period_s).start()
         completed, progress = _wait(job, deadline_s)
         wall_s = time.monotonic() - started
-        if churn is not None:
+        if churn is not None:  # the last kills' replacements may still be booting: see them back
+            churn.stop_killing()
+            churn.wait_rejoined(REJOIN_WAIT_S)
             churn.stop()
         stages = _stage_infos(job)
         result = {"completed": completed, "samples_per_s": progress["samples_per_s"], "steps": progress["step"]}
@@ -69,6 +72,8 @@ def run_swarm(config, deadline_s: float, churn_period_s: float | None = None) ->
         result["final_loss"] = job.eval_loss() if completed else math.nan
         result["kills"] = churn.kills if churn else 0
         result["steps_went_back"] = len(churn.steps_went_back()) if churn else 0
+        if churn is not None:  # seconds from each kill until its stage had all of its replicas serving again
+            result["rejoin_s"] = [None if s is None else round(s, 1) for s in churn.rejoin_seconds()]
         return result | _shares(progress, stages)
     finally:
         if churn is not None:
@@ -183,6 +188,9 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=0, help="micro-batches per trainer (0: from the pipeline)")
     parser.add_argument("--overlap", action="store_true", help="replicas keep serving during averaging rounds")
     parser.add_argument("--relay", action="store_true", help="trainers carry every tensor (no push)")
+    parser.add_argument(
+        "--boot-idle", type=float, default=None, help="seconds a replica boots at idle priority (0: never)"
+    )
     parser.add_argument("--averaging-compression", default="none", help="none, float16 or 8bit")
     parser.add_argument(
         "--phases",
@@ -199,6 +207,7 @@ def main() -> None:
     with stdout_for_results_only(), tempfile.TemporaryDirectory() as tmp:  # stdout is the JSON's alone
         model = write_random_llama(Path(tmp) / "model", layers=args.layers, hidden=args.hidden, vocab=256)
         connect_ray(None)
+        boot_idle_s = make_config(model, args, "bench", 1).boot_idle_s
         phases, skipped = args.phases.split(","), {"samples_per_s": math.nan, "final_loss": math.nan}
         local = run_local(make_config(model, args, "bench-local", 1)) if "local" in phases else skipped
         swarm, churn, compressed = skipped, skipped, skipped
@@ -221,7 +230,7 @@ def main() -> None:
         "swarm": swarm, "churn": churn, "compressed": compressed,
         "replicas_per_stage": args.replicas, "inflight": args.inflight, "overlap": args.overlap,
         "push_activations": not args.relay,
-        "averaging_compression": args.averaging_compression,
+        "averaging_compression": args.averaging_compression, "boot_idle_s": boot_idle_s,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
     }  # fmt: skip
     print(json.dumps(result), flush=True)

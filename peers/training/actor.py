@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -61,6 +62,7 @@ class TrainingStagePeer:
         initial_peers: list[str],
         peer_id: str = "",
         model_config: PortableConfig | None = None,  # the model's config as the job read it (portable_config)
+        on_built: Callable[[], None] | None = None,  # called once built, before it takes the stage's state
     ) -> None:
         die_with_parent_on_fork()
         torch.set_num_threads(config.threads)
@@ -80,6 +82,8 @@ class TrainingStagePeer:
         if config.metrics_port is not None:
             metrics_port = self.metrics.serve(config.host, config.metrics_port)
             self.metrics_address = join_host_port(self.announced_host, metrics_port)
+        if on_built is not None:
+            on_built()
         # Announced JOINING while it takes the stage's state: the live replicas hold their next step for it (see
         # SiblingReplicas.count), so the state it downloads is still the stage's when it goes ONLINE.
         self.state = PeerState.JOINING

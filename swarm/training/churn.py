@@ -49,6 +49,7 @@ class ReplicaChurn:
     kills: int = 0
     last_kill_at: float | None = None  # time.monotonic() of the latest kill
     skipped: int = 0  # periods a stage was spared because one of its replicas was still restarting
+    killed: list[tuple[float, str]] = field(default_factory=list)  # (time.monotonic(), stage) of each kill
     sweeps: list[Sweep] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -64,6 +65,10 @@ class ReplicaChurn:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
+
+    def stop_killing(self) -> None:
+        """No more kills; the watch goes on (until stop()), so that rejoin_seconds() can see the last ones back."""
+        self.max_kills = self.kills
 
     @property
     def done_killing(self) -> bool:
@@ -84,6 +89,16 @@ class ReplicaChurn:
         while self.rejoined_after_the_last_kill() != stages and time.monotonic() < deadline:
             time.sleep(WATCH_PERIOD_S)
         return self.rejoined_after_the_last_kill()
+
+    def rejoin_seconds(self) -> list[float | None]:
+        """For each kill, the seconds until every replica of its stage answered again (the killed one restarted
+        and took the state); None: not seen before the watch stopped."""
+        return [self._rejoined_after(stage, at) for at, stage in self.killed]
+
+    def _rejoined_after(self, stage: str, killed_at: float) -> float | None:
+        sweeps = (s for s in self.sweeps if s.stage == stage and s.at > killed_at and s.complete)
+        first = next(sweeps, None)
+        return None if first is None else first.at - killed_at
 
     def steps_went_back(self) -> list[str]:
         """A stage's committed step (the lowest step of its replicas when all of them answered: every replica
@@ -122,6 +137,7 @@ class ReplicaChurn:
                 os.kill(chooser.choice(infos)["pid"], signal.SIGKILL)
                 self.kills += 1
                 self.last_kill_at = time.monotonic()
+                self.killed.append((self.last_kill_at, f"{span[0]}-{span[1]}"))
 
     def _watch_loop(self) -> None:
         import ray

@@ -123,6 +123,9 @@ class TrainConfig:
     # or the job's own) do, so a lookup is one call rather than one to every replica; measured on 2 cores, the swarm
     # trains 25% faster (README, "Training"). On: records outlive the bootstrap nodes.
     stage_dht_server: bool = False
+    # A replica the job starts (or Ray restarts) builds itself at idle CPU priority for at most this long: its host's
+    # other replicas keep their cores meanwhile (peers/training/boot_priority.py). 0: at normal priority.
+    boot_idle_s: float = 10.0
 
     @property
     def hosts(self) -> HostConfig:
@@ -259,5 +262,7 @@ def _check(config: TrainConfig) -> None:
             raise InvalidRequest(f"config: {name} must be a positive integer, got {value!r}")
     if not isinstance(config.averaging.state_every, int) or config.averaging.state_every < 0:
         raise InvalidRequest(f"averaging.state_every must be 0 (never) or more, got {config.averaging.state_every!r}")
+    if not isinstance(config.boot_idle_s, int | float) or not 0 <= config.boot_idle_s <= 3600:
+        raise InvalidRequest(f"config: boot_idle_s must be 0-3600 s (0: normal priority), got {config.boot_idle_s!r}")
     if not isinstance(config.inflight, int) or config.inflight < 0:
         raise InvalidRequest(f"config: inflight must be 0 (from the pipeline depth) or more, got {config.inflight!r}")

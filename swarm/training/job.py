@@ -69,7 +69,7 @@ class TrainingJob:
     def _start_stages(self) -> None:
         import ray
 
-        from peers.training.actor import TrainingStagePeer
+        from peers.training.stage_actor import StageActor, stage_actor_arguments
         from swarm.partition import open_checkpoint, portable_config
 
         _, hf_config, block_config = open_checkpoint(self.config.model)
@@ -80,11 +80,13 @@ class TrainingJob:
             "max_restarts": self.max_stage_restarts,
             "max_concurrency": 4,
         }
-        remote = ray.remote(TrainingStagePeer).options(**options)
+        remote = ray.remote(StageActor).options(**options)
         for start, end in self.config.stage_spans(total):
             self.stages[(start, end)] = [
                 remote.remote(
-                    self.config, start, end, self.initial_peers, f"stage{start}-{end}-r{replica}", model_config
+                    *stage_actor_arguments(
+                        self.config, start, end, self.initial_peers, f"stage{start}-{end}-r{replica}", model_config
+                    )
                 )
                 for replica in range(self.config.replicas_per_stage)
             ]

@@ -99,3 +99,11 @@ def test_samples_are_windows_and_their_shifted_labels() -> None:
     assert torch.equal(dataset.eval_batch(3)[0], dataset.eval_batch(3)[0])
     with pytest.raises(InvalidRequest, match="seq_len"):
         TokenDataset(np.arange(5), seq_len=8)
+
+
+def test_replicas_boot_at_idle_priority_for_ten_seconds_unless_set() -> None:
+    assert config_from_dict(BASE).boot_idle_s == 10.0
+    assert config_from_dict({**BASE, "boot_idle_s": 0}).boot_idle_s == 0
+    for wrong in (-1, "soon", 7200):
+        with pytest.raises(InvalidRequest, match="boot_idle_s must be 0-3600 s"):
+            config_from_dict({**BASE, "boot_idle_s": wrong})

@@ -55,3 +55,27 @@ def test_a_stage_replica_imports_and_builds_its_stage_without_transformers(tmp_p
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("booted"), result.stdout
+
+
+def test_the_stage_actor_module_leaves_every_heavy_import_to_the_idle_boot() -> None:
+    """Ray imports StageActor's module and unpickles its arguments before __init__ (and its IdleBoot) runs: the
+    module imports none of torch, hivemind, grpc or `swarm` (whose package imports torch), and the arguments are
+    bytes."""
+    script = textwrap.dedent(
+        """
+        import sys
+        import peers.training.stage_actor
+        heavy = sorted(m for m in ("torch", "hivemind", "grpc", "swarm", "transformers", "numpy") if m in sys.modules)
+        print("imported", heavy)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "imported []", result.stdout

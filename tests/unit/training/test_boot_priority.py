@@ -1,0 +1,116 @@
+"""IdleBoot (peers/training/boot_priority.py): a booting replica's threads and the processes it starts run under
+SCHED_IDLE, so a busy thread of normal priority keeps its core; the boot's end, or its deadline, puts every one of
+them back. Each case runs in a fresh interpreter: a failed check must not leave pytest's own thread idle."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from peers.training.boot_priority import may_leave_idle
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+pytestmark = pytest.mark.skipif(
+    not may_leave_idle(os.getpriority(os.PRIO_PROCESS, 0)),
+    reason="this user may not return a thread from SCHED_IDLE (unprivileged, RLIMIT_NICE 0): IdleBoot does nothing",
+)
+
+
+def run(script: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_threads_and_processes_started_while_booting_are_idle_until_the_boot_ends() -> None:
+    out = run(
+        """
+        import os, subprocess, threading
+        from peers.training.boot_priority import IdleBoot
+
+        IDLE, OTHER = os.SCHED_IDLE, os.SCHED_OTHER
+        release, ids = threading.Event(), {}
+
+        def helper():
+            ids["thread"] = threading.get_native_id()
+            release.wait()
+
+        with IdleBoot(deadline_s=60) as boot:
+            assert boot.active and os.sched_getscheduler(0) == IDLE
+            thread = threading.Thread(target=helper)
+            thread.start()
+            child = subprocess.Popen(["sleep", "30"])
+            while "thread" not in ids:
+                pass
+            assert os.sched_getscheduler(ids["thread"]) == IDLE
+            assert os.sched_getscheduler(child.pid) == IDLE
+            boot.end()
+            assert not boot.active and boot.ended_after_s is not None
+            for who in (0, ids["thread"], child.pid):
+                assert os.sched_getscheduler(who) == OTHER, who
+        child.kill()
+        release.set()
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_the_deadline_ends_a_boot_that_runs_too_long() -> None:
+    out = run(
+        """
+        import os, time
+        from peers.training.boot_priority import IdleBoot
+
+        with IdleBoot(deadline_s=0.3) as boot:
+            assert os.sched_getscheduler(0) == os.SCHED_IDLE
+            time.sleep(1.0)
+            assert os.sched_getscheduler(0) == os.SCHED_OTHER
+        assert 0.3 <= boot.ended_after_s < 1.0, boot.ended_after_s
+        with IdleBoot(deadline_s=0) as never:
+            assert os.sched_getscheduler(0) == os.SCHED_OTHER and not never.active
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_a_busy_normal_thread_keeps_its_core_against_an_idle_boot() -> None:
+    """Both spin on one core for 1 s: CFS gives an idle-policy thread a weight of 3 against 1024."""
+    out = run(
+        """
+        import os, time
+        from peers.training.boot_priority import IdleBoot
+
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        def spin(seconds):  # the CPU seconds this process got while spinning
+            start, end = time.process_time(), time.monotonic() + seconds
+            while time.monotonic() < end:
+                pass
+            return time.process_time() - start
+
+        booting = os.fork()
+        if booting == 0:
+            with IdleBoot(deadline_s=60):
+                os.write(1, f"idle {spin(1.0)}\\n".encode())
+            os._exit(0)
+        print("normal", spin(1.0), flush=True)
+        os.waitpid(booting, 0)
+        """
+    )
+    cpu = dict(line.split() for line in out.strip().splitlines())
+    normal, idle = float(cpu["normal"]), float(cpu["idle"])
+    assert normal > 5 * idle, cpu
