@@ -12,12 +12,14 @@ gives a checkpoint that transformers loads.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
 
+from peers.training.boot_priority import may_leave_idle
 from swarm.training.churn import ReplicaChurn
 from swarm.training.config import TrainConfig
 from swarm.training.data import load_dataset
@@ -31,6 +33,9 @@ CHURN_PERIOD_S = 20.0
 FIRST_KILL_S = 5.0  # the run takes about 40 s here: the second period of kills must come before it ends
 CHURN_KILLS = 2 * len(STAGES)  # two periods of kills: each kill costs a restart (10-20 s under load) and a state
 # download, and the claim (a killed replica is replaced, nothing is lost, the loss holds) needs no more of them
+# Replicas boot at idle priority for 3 s, not the default 10: the boot still yields to the survivors first, and the
+# killed replicas are back in time for the second period of kills (with 10 s, not before the run ended).
+BOOT_IDLE_S = 3.0
 REJOIN_TIMEOUT_S = 180.0  # under a load average of 20-30 a killed replica was not back 40 s after its kill
 
 
@@ -96,7 +101,7 @@ def test_replicas_of_a_stage_hold_the_same_parameters(swarm_run):
 def test_training_survives_a_replica_of_each_stage_killed_every_20_s(swarm_run, make_config):
     config = make_config(
         "churn", model=swarm_run.config.model, stages=STAGES, replicas_per_stage=2, trainers=2, inflight=1,
-        target_batch=64, steps=STEPS,
+        target_batch=64, steps=STEPS, boot_idle_s=BOOT_IDLE_S,
     )  # fmt: skip
     job, churn = TrainingJob(config), None
     try:
@@ -105,6 +110,7 @@ def test_training_survives_a_replica_of_each_stage_killed_every_20_s(swarm_run, 
         progress = job.wait()
         rejoined = churn.wait_rejoined(REJOIN_TIMEOUT_S)  # the last kills' replacements, even near the end
         churn.stop()
+        idle_boots = [info["idle_boot_s"] for infos in job.stage_infos().values() for info in infos]
         churn_loss = job.eval_loss()
     finally:
         if churn is not None:
@@ -115,6 +121,8 @@ def test_training_survives_a_replica_of_each_stage_killed_every_20_s(swarm_run, 
     assert churn.kills >= CHURN_KILLS, churn.kills  # at least two periods of kills
     assert rejoined == {f"{start}-{end}" for start, end in STAGES}, f"only {rejoined} came back after the last kill"
     assert churn.steps_went_back() == []
+    if may_leave_idle(os.getpriority(os.PRIO_PROCESS, 0)):  # every replica, restarted ones too, booted idle first
+        assert all(s is not None and s <= BOOT_IDLE_S + 2.0 for s in idle_boots), idle_boots
     assert progress["step"] >= STEPS
     assert math.isfinite(progress["loss"]) and math.isfinite(churn_loss)
     assert abs(gap) <= 0.10, (churn_loss, swarm_run.eval_loss)
