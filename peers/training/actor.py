@@ -97,6 +97,7 @@ class TrainingStagePeer:
         self.replica.on_step_start = self.siblings.start_step
         self.replica.on_progress = self.siblings.tell_progress
         self.service.heard = self.siblings.heard
+        self.siblings.introduce(self.replica.step)
         optimizer.live_replicas = self.siblings.count
         self.exchange.siblings, self.exchange.on_unreachable = self.siblings.live, self.siblings.unreachable
         optimizer.sibling_samples = self.siblings.samples_toward

@@ -73,8 +73,19 @@ class SiblingReplicas:
     # ---- sample counts ----
 
     def heard(self, peer_id: str, step: int, samples: int) -> None:
-        """A sibling's count (its Progress call)."""
+        """A sibling's count (its Progress call). A sender this replica does not know as ONLINE yet (one that has
+        just taken the stage's state: see introduce) makes it re-read the stage's records now, rather than up to a
+        refresh period later: a step taken meanwhile would count without the newcomer and leave it behind."""
+        if peer_id not in self.online:
+            self._refresh()
         self._counts[peer_id] = (step, samples)
+
+    def introduce(self, step: int) -> None:
+        """Tell every sibling that this replica serves (a count of nothing toward `step`), before it takes work;
+        returns once each answered or failed, so that their next step already includes it."""
+        request = pb.ProgressRequest(peer_id=self.peer_id, step=step, samples=0)
+        for address in self.addresses:
+            self._call(address, "Progress", request, PROGRESS_TIMEOUT_S)
 
     def samples_toward(self, step: int) -> int:
         """The live siblings' samples toward `step`, as they last said (a sibling at another step adds none)."""
@@ -125,7 +136,8 @@ class SiblingReplicas:
         siblings = [p for p in peers if p.span == self.span and p.peer_id != self.peer_id]
         self.online = {p.peer_id: p.address for p in siblings if p.state is PeerState.ONLINE}
         self.joining = sum(p.state is PeerState.JOINING for p in siblings)
-        for peer_id in [p for p in self._counts if p not in self.online]:  # gone, or rejoining with nothing counted
+        # gone, or rejoining with nothing counted (a copy of the keys: Progress calls add counts meanwhile)
+        for peer_id in [p for p in list(self._counts) if p not in self.online]:
             self._counts.pop(peer_id, None)
 
     def _refresh_loop(self) -> None:

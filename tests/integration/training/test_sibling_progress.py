@@ -60,6 +60,28 @@ def test_the_backward_that_completes_the_stages_batch_starts_the_step(make_confi
         bootstrap.shutdown()
 
 
+def test_a_replica_that_joins_is_counted_by_its_sibling_before_it_takes_work(make_config) -> None:
+    """A second replica takes the stage's state from the first and, before its constructor returns, tells the
+    first that it serves: the first counts it at once rather than at its next look at the DHT (up to a second
+    later), so a step it takes meanwhile cannot leave the newcomer behind (the netns churn test's failure)."""
+    config = dataclasses.replace(
+        make_config("sibling-joins", codec="NONE", stages=[[0, 2], [2, 4]]), replicas_per_stage=2
+    )
+    bootstrap = Registry(credentials=config.credentials)
+    first = TrainingStagePeer(config, 0, 2, bootstrap.addresses, "first")
+    try:
+        wait_for(lambda: first.siblings.count() == 1)
+        second = TrainingStagePeer(config, 0, 2, bootstrap.addresses, "second")
+        try:
+            assert first.siblings.live() == {"second": second.address}
+            assert first.siblings.count() == 2
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+        bootstrap.shutdown()
+
+
 def test_a_kept_forward_serves_its_backward_one_update_later(make_config) -> None:
     """Stage 0-2 alone steps at every backward (target batch = micro-batch). Two forwards, then their two
     backwards: the first steps, and the second still uses its kept graph. A parameter overwritten in place (as
