@@ -27,7 +27,7 @@ WATCH_PERIOD_S = 1.0
 class Sweep:
     """One look at every replica of one stage: the steps of those that answered."""
 
-    at: float  # time.monotonic()
+    at: float  # time.monotonic() when the sweep began
     stage: str
     steps: dict[str, int]  # peer_id -> step
     replicas: int  # replicas the stage should have
@@ -144,6 +144,7 @@ class ReplicaChurn:
 
         while not self._stop.wait(WATCH_PERIOD_S):
             for (start, end), actors in self.job.stages.items():
+                began = time.monotonic()  # a sweep counts from its start: a kill during it may precede its answers
                 steps: dict[str, int] = {}
                 for actor in actors:
                     try:
@@ -151,4 +152,4 @@ class ReplicaChurn:
                     except Exception:  # dead or restarting: nothing to see
                         continue
                     steps[info["peer_id"]] = info["step"]
-                self.sweeps.append(Sweep(time.monotonic(), f"{start}-{end}", steps, len(actors)))
+                self.sweeps.append(Sweep(began, f"{start}-{end}", steps, len(actors)))
