@@ -4,5 +4,6 @@ stage_model.py: StageModel (embeddings for the first stage, blocks, norm + LM he
 optimizer.py: the hivemind collaborative optimizer of a stage (clipped AdamW, schedule, batch rescaling);
 replica.py: StageReplica, compute and steps under one lock; service.py: the TrainingStage gRPC servicer;
 siblings.py: the stage's other replicas (membership, StepNow, their sample counts); actor.py: TrainingStagePeer,
-the Ray actor that joins a stage (state from a live replica or a checkpoint).
+one replica that joins a stage (state from a live replica or a checkpoint); stage_actor.py: StageActor, the Ray
+actor a job starts around it; boot_priority.py: IdleBoot, a replica's boot at idle CPU priority.
 """

@@ -1,4 +1,4 @@
-"""TrainingStagePeer: one replica of a training stage inside a Ray actor.
+"""TrainingStagePeer: one replica of a training stage (in a job, inside a StageActor Ray actor: stage_actor.py).
 
 It joins the run's DHT, builds its stage from the checkpoint, takes the stage's state from a live replica (or,
 when none is alive, from the newest checkpoint), then serves TrainingStage over gRPC and announces itself

@@ -8,17 +8,17 @@ takes the core at once. Plain `nice 19` was measured too and does not do this: a
 the booting thread's time slice, and the swarm ran at 31 samples/s instead of 50.
 
 Linux keeps the policy per thread; threads and processes started by an idle thread are idle too. So the boot ends
-by putting every thread of this process and of its descendants (hivemind's DHT and averagers, p2pd, torch's
-shared-memory manager) back under the normal policy. A deadline bounds it: on a host that never idles, a boot
-finishes at normal priority rather than never. Where the process could not return to the normal policy (an
-unprivileged user under the default RLIMIT_NICE), nothing changes and the replica boots as before.
+by putting every idle thread of this process and of its descendants (hivemind's DHT and averagers, p2pd, torch's
+shared-memory manager) back under the normal policy; their nice values never changed. A deadline bounds it: on a
+host that never idles, a boot finishes at normal priority rather than never. Where a thread could not return to
+the normal policy (sched(7): an unprivileged user under the default RLIMIT_NICE, or a container without
+CAP_SYS_NICE), tried first on a thread of its own, nothing changes and the replica boots as before.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import resource
 import threading
 import time
 from types import TracebackType
@@ -36,13 +36,12 @@ class IdleBoot:
         self.deadline_s = deadline_s
         self.started_at = time.monotonic()
         self.ended_after_s: float | None = None  # seconds at idle priority; None: it never was (or still is)
-        self._niceness = os.getpriority(os.PRIO_PROCESS, 0)
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self.active = False
 
     def __enter__(self) -> IdleBoot:
-        if self.deadline_s <= 0 or not may_leave_idle(self._niceness):
+        if self.deadline_s <= 0 or not may_leave_idle():
             return self
         # the timer's thread starts before this thread turns idle, so it keeps the normal policy
         self._timer = threading.Timer(self.deadline_s, self._deadline_passed)
@@ -73,9 +72,9 @@ class IdleBoot:
             self._timer.cancel()
         for thread_id in _threads_of_this_process_tree():
             try:
-                os.sched_setscheduler(thread_id, os.SCHED_OTHER, os.sched_param(0))
-                os.setpriority(os.PRIO_PROCESS, thread_id, self._niceness)
-            except (ProcessLookupError, PermissionError) as error:  # exited meanwhile
+                if os.sched_getscheduler(thread_id) == os.SCHED_IDLE:
+                    os.sched_setscheduler(thread_id, os.SCHED_OTHER, os.sched_param(0))
+            except OSError as error:  # exited meanwhile
                 logger.debug("thread %d keeps its policy: %s", thread_id, error)
 
     def _deadline_passed(self) -> None:
@@ -83,13 +82,25 @@ class IdleBoot:
         self.end()
 
 
-def may_leave_idle(niceness: int) -> bool:
-    """Whether a thread of this process may go back from SCHED_IDLE to SCHED_OTHER at `niceness` (sched(7)):
-    privileged, or RLIMIT_NICE allows that niceness."""
+def may_leave_idle() -> bool:
+    """Whether a thread of this process may go back from SCHED_IDLE to SCHED_OTHER, tried on a thread of its own
+    (one that could not just ends idle)."""
     if not hasattr(os, "SCHED_IDLE"):
         return False
-    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
-    return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or 20 - soft <= niceness
+    outcome: list[bool] = []
+
+    def probe() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            outcome.append(True)
+        except OSError:
+            outcome.append(False)
+
+    thread = threading.Thread(target=probe, name="idle-boot-probe")
+    thread.start()
+    thread.join()
+    return outcome == [True]
 
 
 def _threads_of_this_process_tree() -> list[int]:

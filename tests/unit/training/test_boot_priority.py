@@ -17,7 +17,7 @@ from peers.training.boot_priority import may_leave_idle
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.skipif(
-    not may_leave_idle(os.getpriority(os.PRIO_PROCESS, 0)),
+    not may_leave_idle(),
     reason="this user may not return a thread from SCHED_IDLE (unprivileged, RLIMIT_NICE 0): IdleBoot does nothing",
 )
 

@@ -88,3 +88,18 @@ def test_wiring_spreads_load_in_proportion_to_throughput() -> None:
         counts[route[0].peer_id] += 1
         assert route[-1].peer_id == "next" and route[-1].span == Span(10, 20)
     assert 2.5 <= counts["fast"] / counts["slow"] <= 3.5
+
+
+def test_wiring_gives_work_to_a_replica_that_has_not_measured_itself() -> None:
+    """A replica Ray just restarted announces no throughput yet: it is counted as fast as its measured sibling, so
+    it is chosen and measures itself, instead of being left idle beside it."""
+    router = WiringRouter(rng=random.Random(0))
+    peers = [peer("measured", 0, 10, tokens=2000.0), peer("restarted", 0, 10, tokens=0.0)]
+    counts: Counter[str] = Counter()
+    for _ in range(200):
+        route = router.choose(Span(0, 10), peers, tokens=512)
+        router.acquire(route, 512)
+        counts[route[0].peer_id] += 1
+    assert 0.8 <= counts["restarted"] / counts["measured"] <= 1.25
+    alone = [peer("new-a", 0, 10, tokens=0.0), peer("new-b", 0, 10, tokens=0.0)]  # nobody measured: still routed
+    assert router.choose(Span(0, 10), alone)[0].peer_id in {"new-a", "new-b"}
