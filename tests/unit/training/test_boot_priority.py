@@ -4,17 +4,11 @@ them back. Each case runs in a fresh interpreter: a failed check must not leave 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
 from peers.training.boot_priority import may_leave_idle
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from .fresh_python import run_python
 
 pytestmark = pytest.mark.skipif(
     not may_leave_idle(),
@@ -22,21 +16,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run(script: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
-
-
 def test_threads_and_processes_started_while_booting_are_idle_until_the_boot_ends() -> None:
-    out = run(
+    out = run_python(
         """
         import os, subprocess, threading
         from peers.training.boot_priority import IdleBoot
@@ -70,7 +51,7 @@ def test_threads_and_processes_started_while_booting_are_idle_until_the_boot_end
 
 
 def test_the_deadline_ends_a_boot_that_runs_too_long() -> None:
-    out = run(
+    out = run_python(
         """
         import os, time
         from peers.training.boot_priority import IdleBoot
@@ -90,7 +71,7 @@ def test_the_deadline_ends_a_boot_that_runs_too_long() -> None:
 
 def test_a_busy_normal_thread_keeps_its_core_against_an_idle_boot() -> None:
     """Both spin on one core for 1 s: CFS gives an idle-policy thread a weight of 3 against 1024."""
-    out = run(
+    out = run_python(
         """
         import os, time
         from peers.training.boot_priority import IdleBoot

@@ -4,17 +4,13 @@ so a replica that Ray restarts on a busy host imports and builds its stage witho
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 from swarm.partition import open_checkpoint, portable_config
 from swarm.training.init_model import write_random_llama
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from .fresh_python import run_python
 
 SCRIPT = textwrap.dedent(
     """
@@ -45,23 +41,15 @@ def test_a_stage_replica_imports_and_builds_its_stage_without_transformers(tmp_p
     model = write_random_llama(tmp_path / "model", layers=2, hidden=64, vocab=256)
     config = tmp_path / "config.pickle"
     config.write_bytes(pickle.dumps(portable_config(open_checkpoint(model)[1])))
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(model), str(config)],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith("booted"), result.stdout
+    out = run_python(SCRIPT, str(model), str(config))
+    assert out.startswith("booted"), out
 
 
 def test_the_stage_actor_module_leaves_every_heavy_import_to_the_idle_boot() -> None:
     """Ray imports StageActor's module and unpickles its arguments before __init__ (and its IdleBoot) runs: the
     module imports none of torch, hivemind, grpc or `swarm` (whose package imports torch), and the arguments are
     bytes."""
-    script = textwrap.dedent(
+    out = run_python(
         """
         import sys
         import peers.training.stage_actor
@@ -69,13 +57,4 @@ def test_the_stage_actor_module_leaves_every_heavy_import_to_the_idle_boot() -> 
         print("imported", heavy)
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "imported []", result.stdout
+    assert out.strip() == "imported []", out

@@ -1,0 +1,27 @@
+"""Run a script in a fresh Python interpreter from the repository root: for what only a process of its own shows
+(which modules an import pulls in, the scheduling policy of its threads), and so that a failed check leaves
+pytest's own process as it was."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_python(script: str, *args: str, timeout_s: float = 120.0) -> str:
+    """The script's standard output; fails the test with its standard error if it exits non-zero."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
