@@ -1,6 +1,6 @@
-"""The metrics table of docs/operating.md and the dashboards stay true: every metric the code exports is in the table, every
-metric in the table is exported (peers, clients, the registry exporter, trainers, stage replicas), and every
-metric a dashboard queries is in the table. The dashboards are checked against the structure Grafana imports."""
+"""The metrics table of docs/operating.md and the dashboards stay true: every metric the code exports is in the
+table, every metric in the table is exported (peers, clients, the registry exporter, trainers, stage replicas), and
+every metric a dashboard queries is in the table. The dashboards are checked against the structure Grafana imports."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def exported(registry: CollectorRegistry) -> set[str]:
 
 def documented() -> dict[str, str]:
     """metric -> type, from the table in docs/operating.md."""
-    rows = re.findall(r"^\| `(swarm_\w+)` \| (\w+) \|", (REPO_ROOT / "docs" / "operating.md").read_text(), re.MULTILINE)
+    table = (REPO_ROOT / "docs" / "operating.md").read_text()
+    rows = re.findall(r"^\| `(swarm_\w+)` \| (\w+) \|", table, re.MULTILINE)
     return dict(rows)
 
 

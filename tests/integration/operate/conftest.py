@@ -93,8 +93,8 @@ def api_command() -> list[str]:
 
 @pytest.fixture(scope="session")
 def running_api(running_swarm: RunningSwarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApi]:
-    """`swarm api` as docs/openai-api.md starts it, on the swarm's own Ray cluster, with API keys, a short wait for blocks,
-    and a second model that no peer serves."""
+    """`swarm api` as docs/openai-api.md starts it, on the swarm's own Ray cluster, with API keys, a short wait for
+    blocks, and a second model that no peer serves."""
     work = tmp_path_factory.mktemp("api")
     orphan = work / ORPHAN_MODEL
     orphan.mkdir()
