@@ -164,8 +164,8 @@ def silence(release: threading.Event) -> Iterator[pb.InferenceRequest]:
     yield from ()
 
 
-def test_a_stream_without_open_costs_no_request_and_is_ended() -> None:
-    server = tiny_peer(limits=LimitsConfig(requests_per_s=0.01, request_burst=2), open_timeout_s=1.0)
+def test_streams_that_have_not_opened_cost_their_client_no_request() -> None:
+    server = tiny_peer(limits=LimitsConfig(requests_per_s=0.01, request_burst=2))
     metadata = (("x-swarm-client", "quiet"),)
     release = threading.Event()
     try:
@@ -173,12 +173,27 @@ def test_a_stream_without_open_costs_no_request_and_is_ended() -> None:
             stub = pb_grpc.PeerStub(channel)
             silent = [stub.Inference(silence(release), metadata=metadata, timeout=10) for _ in range(3)]
             time.sleep(0.3)  # the streams have started on the peer
-            stub.Info(pb.InfoRequest(), metadata=metadata, timeout=10)  # still within the client's request budget
+            stub.Info(pb.InfoRequest(), metadata=metadata, timeout=10)  # still within the client's 2 requests
+            release.set()
             for call in silent:
                 with pytest.raises(grpc.RpcError) as ended:
                     list(call)
-                assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                assert "open_timeout_s=1" in ended.value.details()
+                assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # ended without an `open`
+    finally:
+        release.set()
+        server.stop()
+
+
+def test_a_stream_that_never_opens_is_ended_after_open_timeout_s() -> None:
+    server = tiny_peer(open_timeout_s=1.0)
+    release = threading.Event()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            call = pb_grpc.PeerStub(channel).Inference(silence(release), timeout=10)
+            with pytest.raises(grpc.RpcError) as ended:
+                list(call)
+            assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "open_timeout_s=1" in ended.value.details()
     finally:
         release.set()
         server.stop()
