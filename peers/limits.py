@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -116,6 +116,26 @@ class StreamBudget:
 
     def give_back(self, message_bytes: int) -> None:
         self.held = max(0, self.held - message_bytes - MESSAGE_OVERHEAD_BYTES)
+
+
+class RecentIds:
+    """The last `size` finished step ids of a session, so that memory stays flat however long it runs."""
+
+    def __init__(self, size: int) -> None:
+        self._ids: OrderedDict[int, None] = OrderedDict()
+        self.size = size
+
+    def __contains__(self, step_id: int) -> bool:
+        return step_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, step_id: int) -> None:
+        self._ids[step_id] = None
+        self._ids.move_to_end(step_id)
+        while len(self._ids) > self.size:
+            self._ids.popitem(last=False)
 
 
 class Admission:
