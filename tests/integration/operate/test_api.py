@@ -220,7 +220,8 @@ def test_a_stream_cancelled_before_its_first_chunk_stops_and_frees_its_slot(
     600 tokens to prefill), and hangs up once the peers hold its session, before any chunk has come. Its generation
     stops: its sessions close within a few times what its prefill and first token take (measured just before, the
     same prompt with max_tokens=1), where 2,000 tokens would take many times that; and a request after it is
-    answered."""
+    answered. (Through Ray Serve 2.60 the response starts iterating the stream at once, so this held before the fix
+    as well; the next test is where a stream closed before it was iterated went on generating.)"""
     metrics = _peer_metrics(running_swarm)
     client = openai.OpenAI(base_url=f"{running_api.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=180)
     prompt = [504, 3, 77, 1000] * 150
@@ -242,7 +243,8 @@ def test_a_stream_closed_before_its_first_chunk_frees_the_only_slot(
 ) -> None:
     """The same at the API service's own seam, where the web framework hands over: a streamed answer closed before
     its first chunk is taken (the response was cancelled before it iterated) stops its generation, so that a
-    service of one slot answers the next request at once instead of after 400 tokens."""
+    service of one slot answers the next request at once instead of after 400 tokens. Before the fix the stream was
+    an async generator whose `finally` never ran unless started: the slot stayed held and this timed out."""
     import asyncio
 
     from swarm.api.protocol import CompletionRequest
