@@ -97,6 +97,8 @@ class PeerConfig:
             request_burst=ns.request_burst,
             session_tokens=ns.session_tokens,
             stream_bytes=ns.stream_bytes,
+            adapter_bytes_per_client=ns.adapter_bytes_per_client,
+            adapter_bytes=ns.adapter_bytes,
         )
         server = ServerConfig(
             host=ns.host,

@@ -34,9 +34,20 @@ class LimitsConfig:
     request_burst: int = 1000  # per client: requests allowed at once above the sustained rate (bucket size)
     session_tokens: int = 1 << 20  # batch x new tokens one session may run, replays and rollbacks included
     stream_bytes: int = 0  # bytes of one chunked tensor, MESSAGE_OVERHEAD_BYTES per chunk included; 0: derived
+    # LoRA tensors uploaded to the peer (LoadAdapter: fine-tuning copies and published served adapters; not the
+    # operator's --adapters), per client and in all. peers/adapter_budget.py charges them.
+    adapter_bytes_per_client: int = 256 << 20
+    adapter_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
-        for name in ("sessions_per_client", "requests_per_s", "request_burst", "session_tokens"):
+        names = (
+            "sessions_per_client",
+            "requests_per_s",
+            "request_burst",
+            "session_tokens",
+            "adapter_bytes_per_client",
+        )
+        for name in (*names, "adapter_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.stream_bytes < 0:
@@ -71,6 +82,20 @@ def client_key(context: Caller) -> str:
         if key == CLIENT_METADATA and value:
             text = value.decode(errors="replace") if isinstance(value, bytes) else value
             return f"name:{text[:MAX_CLIENT_NAME]}"
+    return _host(context)
+
+
+def uploader_key(context: Caller) -> str:
+    """Who owns an upload (peers/adapter_budget.py): in a private swarm the authenticated member, as client_key
+    says; in an open one the host of the caller's address, plus its x-swarm-client name if it gives one
+    (`ipv4:10.0.0.7/name:alice`). Unlike client_key, a name alone is never enough: it is self-declared, and another
+    host must not reach a caller's uploads by claiming that name."""
+    key = client_key(context)
+    return f"{_host(context)}/{key}" if key.startswith("name:") else key
+
+
+def _host(context: Caller) -> str:
+    """The host part of the caller's address (`ipv4:127.0.0.1`), or the whole address if it has no port."""
     address = context.peer() or "unknown"
     host, _, port = address.rpartition(":")
     return host if host and port.isdigit() else address

@@ -113,6 +113,11 @@ class Unauthenticated(InvalidRequest):
     too, so it is never retried on another peer."""
 
 
+class PermissionDenied(InvalidRequest):
+    """The caller is known but may not do this (PERMISSION_DENIED): e.g. replace a served adapter another member
+    published, or publish one in an open swarm. Every try would get the same answer, so it is never retried."""
+
+
 class WrongSpan(SwarmError):
     """The peer does not serve the blocks asked for: it has moved to other blocks, or the caller's registry view
     is stale. Not the peer's fault and not a bug: re-read the registry and route those blocks elsewhere."""
@@ -125,6 +130,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (SessionLost, grpc.StatusCode.ABORTED),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidSpan, grpc.StatusCode.INVALID_ARGUMENT),
     (WrongSpan, grpc.StatusCode.FAILED_PRECONDITION),
@@ -139,6 +145,7 @@ _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
     grpc.StatusCode.NOT_FOUND: SessionNotFound,
     grpc.StatusCode.FAILED_PRECONDITION: WrongSpan,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 

@@ -224,6 +224,10 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
         help="bytes of one chunked tensor held on the peer (default: 8192 float32 tokens of hidden states)",
     )
     group.add_argument(
+        "--adapter-bytes-per-client", type=at_least(1), default=256 << 20, help="bytes of LoRA one client may upload"
+    )
+    group.add_argument("--adapter-bytes", type=at_least(1), default=1 << 30, help="bytes of LoRA all uploads hold")
+    group.add_argument(
         "--max-message-bytes",
         type=at_least(1 << 16),
         default=4 << 20,

@@ -66,6 +66,9 @@ def serve_adapter(
     `model.generate(..., adapter=name)` can use it once the peers have announced it (their next refresh). Returns
     the ids of the peers that took it; a peer that joins later does not have it (upload again).
 
+    Only a private swarm's members may publish, and a name is then its publisher's: PermissionDenied in an open
+    swarm, or for a name the peers' operator or another member serves.
+
     Raises:
         SwarmError: a peer refused or failed the upload (the status mapped by swarm/errors.py).
     """

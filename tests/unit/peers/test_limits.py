@@ -18,6 +18,7 @@ from peers.limits import (
     StreamBudget,
     client_key,
     stream_bytes_for,
+    uploader_key,
 )
 from peers.server import ServerConfig
 from swarm.cli.peer import add_peer_flags
@@ -128,7 +129,35 @@ def test_client_key(context: Context, key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"sessions_per_client": 0}, {"requests_per_s": 0}, {"request_burst": -1}, {"stream_bytes": -1}]
+    ("context", "key"),
+    [
+        (Context("ipv4:10.0.0.2:1"), "ipv4:10.0.0.2"),
+        (Context("ipv4:10.0.0.2:1", (("x-swarm-client", "alice"),)), "ipv4:10.0.0.2/name:alice"),
+        (Context("ipv4:10.0.0.3:1", (("x-swarm-client", "alice"),)), "ipv4:10.0.0.3/name:alice"),  # not the same
+        (Context("unix:/tmp/socket", (("x-swarm-client", "bob"),)), "unix:/tmp/socket/name:bob"),
+    ],
+)
+def test_uploader_key_never_trusts_a_name_alone(context: Context, key: str) -> None:
+    assert uploader_key(context) == key
+
+
+def test_adapter_byte_flags_reach_the_limits() -> None:
+    limits = PeerConfig.from_args(parse("--adapter-bytes-per-client=1000", "--adapter-bytes=5000")).server.limits
+    assert (limits.adapter_bytes_per_client, limits.adapter_bytes) == (1000, 5000)
+    with pytest.raises(SystemExit):
+        parse("--adapter-bytes=0")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"sessions_per_client": 0},
+        {"requests_per_s": 0},
+        {"request_burst": -1},
+        {"stream_bytes": -1},
+        {"adapter_bytes_per_client": 0},
+        {"adapter_bytes": 0},
+    ],
 )
 def test_limits_must_be_positive(bad: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
