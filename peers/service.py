@@ -211,6 +211,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
             raise InvalidRequest(
                 f"max_length must be in [1, {self.config.max_session_length}], got {opening.max_length}"
             )
+        self.backend.span.check_context(opening.max_length)  # a family's own limit (Gemma 2's sliding window)
         if opening.batch_size < 1:
             raise InvalidRequest(f"batch_size must be >= 1, got {opening.batch_size}")
         choice = self._response_codec(opening.response_codec, None)  # before reserving anything

@@ -41,8 +41,9 @@ def test_parameter_count_matches_a_real_block(hf_config) -> None:
         ("mixtral", {}),
         ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 1}),
         ("phi3", {}),
+        ("gemma2", {}),
     ],
-    ids=["qwen3", "qwen3-bias", "mixtral", "mixtral-8-experts", "phi3"],
+    ids=["qwen3", "qwen3-bias", "mixtral", "mixtral-8-experts", "phi3", "gemma2"],
 )
 def test_every_family_counts_its_block_as_transformers_and_its_own_module_do(
     tmp_path, family: str, options: dict
