@@ -118,6 +118,10 @@ class WrongSpan(SwarmError):
     is stale. Not the peer's fault and not a bug: re-read the registry and route those blocks elsewhere."""
 
 
+class PermissionDenied(SwarmError):
+    """The caller is known but may not do this (e.g. speak for a replica it is not): retrying gives the same."""
+
+
 _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (PeerUnavailable, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -128,6 +132,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidSpan, grpc.StatusCode.INVALID_ARGUMENT),
     (WrongSpan, grpc.StatusCode.FAILED_PRECONDITION),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 )
 
 _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
@@ -139,6 +144,7 @@ _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
     grpc.StatusCode.NOT_FOUND: SessionNotFound,
     grpc.StatusCode.FAILED_PRECONDITION: WrongSpan,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 

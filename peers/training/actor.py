@@ -24,6 +24,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from peers.metrics import PeerMetrics
+from peers.training.callers import SiblingGate
 from peers.training.gradient_exchange import GradientExchange
 from peers.training.metrics import StageCollector
 from peers.training.optimizer import build_optimizer
@@ -96,10 +97,13 @@ class TrainingStagePeer:
         self.siblings = SiblingReplicas(self.registry, config, self.span, self.peer_id, self._stop, ANNOUNCE_TTL_S)
         self.replica.on_step_start = self.siblings.start_step
         self.replica.on_progress = self.siblings.tell_progress
+        self.replica.sibling_digests, self.replica.peer_id = self.siblings.digests_at, self.peer_id
         self.service.heard = self.siblings.heard
-        self.siblings.introduce(self.replica.step)
+        self.service.gate = SiblingGate(lambda: dict(self.siblings.online), self.siblings.refresh)
+        self.siblings.introduce(self.replica.step, optimizer.params_digest())
         optimizer.live_replicas = self.siblings.count
         self.exchange.siblings, self.exchange.on_unreachable = self.siblings.live, self.siblings.unreachable
+        self.exchange.current_step = lambda: self.replica.step
         optimizer.sibling_samples = self.siblings.samples_toward
         optimizer.sibling_joining = lambda: self.siblings.joining > 0
         if config.averaging.overlap:
