@@ -90,8 +90,8 @@ def test_a_waiting_member_joins_the_later_try_a_sibling_started(members) -> None
 
 
 def test_members_that_disagree_on_who_averages_fail_until_they_agree(members) -> None:
-    see_each_other(members, "ab")
-    members["b"].exchange.siblings = lambda: {"a": members["a"].address, "c": members["c"].address}
+    see_each_other(members, "abc")  # c takes b's gradients (c's gate knows b) but does not average
+    members["a"].exchange.siblings = lambda: {"b": members["b"].address}
     for member in members.values():
         member.exchange.timeout_s = 2.0
     local = {"a": gradients(1), "b": gradients(2)}
