@@ -116,6 +116,7 @@ class StageOptimizer(hivemind.Optimizer):
     rounds_averaged: int = 0  # steps whose gradients were averaged with other replicas
     state_every: int = 0  # steps between parameter averaging rounds (averaging.state_every; 0: never)
     behind_majority: bool = False  # the last round showed this replica's parameters differ from the majority's
+    state_loads: int = 0  # state downloads so far (each may change the parameters within a step)
 
     def samples_after(self, batch: int) -> int:
         """The stage's samples toward this step if this replica adds `batch` more (as far as it knows)."""
@@ -140,12 +141,12 @@ class StageOptimizer(hivemind.Optimizer):
         self.tracker.forced_epoch = epoch
         self._update_global_epoch(None)
 
-    def params_digest(self) -> bytes:  # of this replica's parameters now (call holding the replica's lock)
+    def params_digest(self) -> bytes:  # of this replica's parameters now (hold the replica's lock)
         return parameter_digest(self.state_averager.main_parameters)
 
     def take_stage_state(self) -> bool:
-        """Replace this replica's parameters, at the same step, by a sibling's (its own differ from the majority's);
-        offered meanwhile at a lower priority, so that siblings download the majority's. True: the state changed."""
+        """Take a sibling's parameters at the same step (its own differ from the majority's; offered meanwhile at a
+        lower priority, so that siblings download the majority's). True: the state changed."""
         before, self.state_averager.state_sharing_priority = self.params_digest(), self.local_epoch - 0.5
         try:
             self.load_state_from_peers()
@@ -158,6 +159,7 @@ class StageOptimizer(hivemind.Optimizer):
         while the stage is still ahead (it may step during the download). Unlike hivemind's version, it never
         labels an older state with a newer step and never retries forever. True: caught up with the stage."""
         for attempt in range(LOAD_STATE_TRIES):
+            self.state_loads += 1
             with self.tracker.pause_updates():
                 before = self.local_epoch
                 self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
@@ -185,9 +187,8 @@ class StageOptimizer(hivemind.Optimizer):
             return  # this step's round is running with the replica's lock released
         try:
             with self.tracker.pause_updates():
-                stage_ahead = self.tracker.global_epoch > self.local_epoch + 1 or (
-                    self.tracker.global_epoch > self.local_epoch and self.live_count() > 1
-                )
+                ahead = self.tracker.global_epoch - self.local_epoch
+                stage_ahead = ahead > 1 or (ahead > 0 and self.live_count() > 1)
                 if not stage_ahead and self._gradients_for_this_step():
                     self._apply_step()
             if stage_ahead:

@@ -85,6 +85,7 @@ class StageReplica:
         # the live siblings' parameter digests at a step, as they last said (peer id -> digest; set by the actor)
         self.sibling_digests: Callable[[int], dict[str, bytes]] | None = None
         self.peer_id = ""  # this replica's, among its siblings' (ties between equal-sized groups of digests)
+        self._digest: tuple[tuple[int, int], bytes] | None = None  # ((step, state loads), parameters' digest)
         self._lock = threading.Lock()
         self._answered: OrderedDict[str, BackwardAnswer] = OrderedDict()  # request id -> answer, newest last
         self._kept: OrderedDict[str, KeptForward] = OrderedDict()  # request id -> graph of its forward, newest last
@@ -175,7 +176,14 @@ class StageReplica:
         """Hand this replica's count to its siblings (not while a round runs: backwards then count toward the next
         step, which has no number yet)."""
         if self.on_progress is not None and not self.optimizer.round_in_flight:
-            self.on_progress(self.step, self.samples_accumulated, self.optimizer.params_digest())
+            self.on_progress(self.step, self.samples_accumulated, self.params_digest())
+
+    def params_digest(self) -> bytes:
+        """The digest of the parameters, computed once per step and state download (call holding the lock)."""
+        key = (self.step, self.optimizer.state_loads)
+        if self._digest is None or self._digest[0] != key:
+            self._digest = (key, self.optimizer.params_digest())
+        return self._digest[1]
 
     def _remember(self, request_id: str, answer: BackwardAnswer) -> None:
         self._answered[request_id] = answer
@@ -294,9 +302,10 @@ class StageReplica:
         """Take the stage's state if the stage stepped without this replica (its side of a round failed while
         the others' succeeded), or if its parameters differ from those most of its siblings hold at the same step
         (their Progress calls said so); called periodically, so that it does not wait for the next round."""
-        if self.optimizer.tracker.global_epoch <= self.step and not self._behind_siblings():
+        told = self.sibling_digests is not None and bool(self.sibling_digests(self.step))
+        if self.optimizer.tracker.global_epoch <= self.step and not told:
             return
-        with self._locked():
+        with self._locked():  # the digest only with the lock held: a step or a download may be writing meanwhile
             if self.optimizer.round_in_flight:
                 return
             if self.optimizer.tracker.global_epoch > self.step:
@@ -312,7 +321,7 @@ class StageReplica:
         digests = self.sibling_digests(self.step)
         if not digests:
             return False
-        own = self.optimizer.params_digest()
+        own = self.params_digest()
         if all(digest == own for digest in digests.values()):
             return False
         return majority_digest({**digests, self.peer_id: own}) != own
@@ -336,6 +345,7 @@ class StageReplica:
             if missing:
                 raise InvalidRequest(f"checkpoint lacks tensors of this stage: {missing[:5]}")
             self._kept.clear()
+            self._digest = None
             with torch.no_grad():
                 for name, tensor in own.items():
                     tensor.copy_(snapshot.tensors[name])
