@@ -13,11 +13,13 @@ import grpc
 import pytest
 import torch
 
+from peers.training.callers import Caller, SiblingGate
 from peers.training.digest import majority_digest, parameter_digest
 from peers.training.gradient_exchange import PART_BYTES, Diverged
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, encode
+from swarm.errors import PermissionDenied
 from tests.unit.training.exchange_members import SHAPES, gradients, run_round, see_each_other
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,3 +129,15 @@ def test_the_digest_tells_parameters_apart_by_any_update() -> None:
     moved[0].add_(torch.randn(256, 128) * 1e-6)  # a tiny update, as Adam makes to every element
     assert parameter_digest(parameters) == parameter_digest([p.clone() for p in parameters])
     assert parameter_digest(parameters) != parameter_digest(moved)
+
+
+def test_in_a_private_swarm_a_peer_id_stays_bound_to_the_member_that_first_spoke_for_it() -> None:
+    """The swarm's CA authenticated both calls; the second member still may not speak for the first one's replica
+    (the gate's rule; the member comes from the call's verified certificate, swarm/security/interceptors.py)."""
+    gate = SiblingGate(lambda: {"b": "127.0.0.1:4000"})
+    gate.check("b", Caller("127.0.0.1", "fingerprint-of-bob"))
+    gate.check("b", Caller("127.0.0.1", "fingerprint-of-bob"))
+    with pytest.raises(PermissionDenied, match="belongs to another member"):
+        gate.check("b", Caller("127.0.0.1", "fingerprint-of-mallory"))
+    with pytest.raises(PermissionDenied, match=r"registered at 127\.0\.0\.1:4000"):
+        gate.check("b", Caller("", ""))  # gRPC named no address (an in-process call): never a sibling's
