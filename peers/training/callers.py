@@ -23,7 +23,9 @@ from typing import Any
 from swarm.errors import PermissionDenied
 from swarm.security import authenticated_member
 
-REFRESH_UNKNOWN_S = 1.0  # an unknown peer id re-reads the stage's records at most this often
+REFRESH_UNKNOWN_S = 1.0  # one unknown peer id re-reads the stage's records at most this often
+REFRESH_ANY_S = 0.1  # and all unknown ids together at most this often
+REMEMBERED_UNKNOWN = 256  # unknown ids whose last re-read is remembered
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,8 @@ class SiblingGate:
     def __init__(self, siblings: Callable[[], dict[str, str]], refresh: Callable[[], None] = lambda: None) -> None:
         self.siblings, self.refresh = siblings, refresh  # peer id -> address of the live siblings; re-read them
         self._members: dict[str, str] = {}  # peer id -> the member fingerprint that first spoke for it
-        self._refreshed = -float("inf")
+        self._refreshed: dict[str, float] = {}  # unknown peer id -> when it last made the replica re-read
+        self._any_refreshed = -float("inf")
         self._lock = threading.Lock()
 
     def check(self, peer_id: str, caller: Caller) -> None:
@@ -108,23 +111,29 @@ class SiblingGate:
 
     def _address(self, peer_id: str) -> str | None:
         address = self.siblings().get(peer_id)
-        if address is None and self._may_refresh():
+        if address is None and self._may_refresh(peer_id):
             self.refresh()
             address = self.siblings().get(peer_id)
         return address
 
     def _all(self) -> list[str]:
         addresses = list(self.siblings().values())
-        if not addresses and self._may_refresh():
+        if not addresses and self._may_refresh(""):
             self.refresh()
             addresses = list(self.siblings().values())
         return addresses
 
-    def _may_refresh(self) -> bool:
-        """A newcomer is found at once, but a stream of made-up ids does not make the replica read the DHT each."""
+    def _may_refresh(self, peer_id: str) -> bool:
+        """A newcomer is found at once (two joining together as well), but a stream of made-up ids does not make
+        the replica read the DHT for each."""
         with self._lock:
             now = time.monotonic()
-            if now - self._refreshed < REFRESH_UNKNOWN_S:
+            if (
+                now - self._any_refreshed < REFRESH_ANY_S
+                or now - self._refreshed.get(peer_id, -1e9) < REFRESH_UNKNOWN_S
+            ):
                 return False
-            self._refreshed = now
+            self._any_refreshed = self._refreshed[peer_id] = now
+            if len(self._refreshed) > REMEMBERED_UNKNOWN:
+                del self._refreshed[next(iter(self._refreshed))]
             return True
