@@ -11,6 +11,7 @@ completes a round whose gradients never reached the other, which then steps alon
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator
 
@@ -25,9 +26,10 @@ from swarm.training.checkpoints import read_stage_checkpoint, write_stage_checkp
 from swarm.training.data import load_dataset
 from swarm.training.stage_calls import StageCalls
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(420)
+logger = logging.getLogger(__name__)
 
-STEPS = 9  # 3 cases, each: one disturbed step, then two more in which the replicas must be equal again
+STEPS = 10  # a first step, then 3 cases, each: one disturbed step and two in which the replicas must be equal again
 
 
 class Run:
@@ -80,7 +82,7 @@ class Run:
         self.bootstrap.shutdown()
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "condition never held"
@@ -165,6 +167,7 @@ def test_replicas_that_stepped_apart_are_equal_again_within_two_steps(disturbed:
         undisturbed = reference.eval_loss()
     finally:
         reference.stop()
+    logger.info("eval loss %.4f after the disturbed run, %.4f undisturbed", loss, undisturbed)
     assert abs(loss - undisturbed) <= 0.1 * undisturbed, (loss, undisturbed)
     # a real optimizer state goes through a checkpoint that is read without running code (weights_only)
     snapshot = run.peers[0].replica.snapshot()
