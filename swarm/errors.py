@@ -123,6 +123,10 @@ class WrongSpan(SwarmError):
     is stale. Not the peer's fault and not a bug: re-read the registry and route those blocks elsewhere."""
 
 
+class PermissionDenied(SwarmError):
+    """The caller is known but may not do this (e.g. speak for a replica it is not): retrying gives the same."""
+
+
 _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (PeerUnavailable, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -134,6 +138,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidSpan, grpc.StatusCode.INVALID_ARGUMENT),
     (WrongSpan, grpc.StatusCode.FAILED_PRECONDITION),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 )
 
 _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
