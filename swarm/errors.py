@@ -115,16 +115,13 @@ class Unauthenticated(InvalidRequest):
 
 class PermissionDenied(InvalidRequest):
     """The caller is known but may not do this (PERMISSION_DENIED): e.g. replace a served adapter another member
-    published, or publish one in an open swarm. Every try would get the same answer, so it is never retried."""
+    published, publish one in an open swarm, or speak for a replica it is not. Every try would get the same answer,
+    so it is never retried."""
 
 
 class WrongSpan(SwarmError):
     """The peer does not serve the blocks asked for: it has moved to other blocks, or the caller's registry view
     is stale. Not the peer's fault and not a bug: re-read the registry and route those blocks elsewhere."""
-
-
-class PermissionDenied(SwarmError):
-    """The caller is known but may not do this (e.g. speak for a replica it is not): retrying gives the same."""
 
 
 _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
@@ -138,7 +135,6 @@ _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidSpan, grpc.StatusCode.INVALID_ARGUMENT),
     (WrongSpan, grpc.StatusCode.FAILED_PRECONDITION),
-    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 )
 
 _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
