@@ -16,7 +16,8 @@ import torch
 from grpc_health.v1 import health, health_pb2
 
 from peers.backend import ForwardJob, SpanBackend
-from peers.engine import Engine, EngineConfig
+from peers.engine import Engine
+from peers.engine_state import EngineConfig
 from peers.handlers import SERVICE_NAME, add_health_service, add_peer_service
 from peers.kv_cache import PagePool, PoolShape
 from peers.limits import LimitsConfig, stream_bytes_for
