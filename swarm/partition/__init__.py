@@ -4,6 +4,7 @@ architecture.py: the seam for a model family (Architecture, BlockConfig, the mod
 one module per family: llama.py (Llama, Mistral, Qwen2), qwen3.py, mixtral.py (sparse MoE), phi3.py (fused tensors);
 layers.py: RMSNorm, rotary tables, KVLayer, causal attention, shared by the families;
 checkpoint.py: selective safetensors reads; config.py: open a checkpoint, refuse unsupported architectures;
+portable.py: PortableConfig, a model config that unpickles without transformers;
 span.py: BlockSpan [start, end) and its SpanCache; client_head.py: embeddings, final norm and LM head;
 gguf.py: convert a GGUF file to a float checkpoint.
 """
