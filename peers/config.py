@@ -1,4 +1,8 @@
-"""PeerConfig: everything a peer daemon is told, typed and in one place (built from CLI flags)."""
+"""PeerConfig: everything a peer daemon is told, typed and in one place (built from CLI flags), with its parts:
+ServerConfig (the gRPC server and its engine), LimitsConfig (what one client may take) and PlacementConfig.
+
+Plain records that import nothing of the peer's own machinery (server, engine, memory), so that those can name
+them and the CLI can read their defaults."""
 
 from __future__ import annotations
 
@@ -7,12 +11,66 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peers.limits import LimitsConfig
-from peers.server import ServerConfig
 from swarm.partition.quantize import QUANT_MODES
+from swarm.registry.hosts import LOOPBACK, HostConfig
 from swarm.security import SwarmCredentials
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on CUDA (float16 without bf16), float32 on CPU
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """What one client may take of a peer. Defaults leave room for a busy honest client (a generation step is one
+    request; a replay of 1,024 tokens is one more) and stop one that would starve the others."""
+
+    sessions_per_client: int = 16  # inference sessions one client may hold open on this peer at once
+    requests_per_s: float = 500.0  # sustained per client: RPCs plus inference steps (token-bucket refill rate)
+    request_burst: int = 1000  # per client: requests allowed at once above the sustained rate (bucket size)
+    session_tokens: int = 1 << 20  # batch x new tokens one session may run, replays and rollbacks included
+    stream_bytes: int = 0  # bytes of one chunked tensor, MESSAGE_OVERHEAD_BYTES (limits.py) per chunk in; 0: derived
+
+    def __post_init__(self) -> None:
+        for name in ("sessions_per_client", "requests_per_s", "request_burst", "session_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.stream_bytes < 0:
+            raise ValueError(f"stream_bytes must be >= 0 (0: derived), got {self.stream_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = LOOPBACK  # address the gRPC server binds (0.0.0.0: every interface)
+    announce_host: str = ""  # address others dial; "": host, or for 0.0.0.0 the routed one (swarm/registry/hosts.py)
+    port: int = 0  # 0: any free port
+    max_message_bytes: int = 4 << 20  # gRPC's own default; bigger tensors are chunked on the stream RPCs
+    max_request_tokens: int = 8192  # batch x seq of one request
+    max_batch_tokens: int = 2048  # tokens one engine iteration (or one merged forward) computes at most
+    # The KV-cache pool, allocated at start as pages of page_size tokens: cache_gib GiB, or cache_tokens tokens, or
+    # (both None) what the device has free once the weights are loaded (peers/memory.py's kv_pool_pages)
+    cache_tokens: int | None = None
+    cache_gib: float | None = None
+    page_size: int = 16  # tokens per KV page
+    max_session_length: int = 8192
+    session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
+    max_sessions: int = 1024  # open inference sessions; each is a coroutine on the serving loop, not a thread
+    rpc_threads: int = 32  # threads for the plain RPCs (Forward, Backward, Info, Health) running at once
+    limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
+    output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
+    open_timeout_s: float = 10.0  # an Inference stream that sends no `open` within this is ended
+    adapters: str = ""  # a directory of peft LoRA adapters to serve by name, one per subdirectory; "" for none
+    # SwarmCredentials.load(DIR) for a private swarm, SwarmCredentials.open() for an open one; None refuses to serve
+    credentials: SwarmCredentials | None = None
+
+    def __post_init__(self) -> None:
+        HostConfig(self.host, self.announce_host)  # raises InvalidArgument naming the flag
+        positive = ("max_request_tokens", "max_batch_tokens", "cache_tokens", "page_size", "max_session_length")
+        for name in (*positive, "max_sessions", "rpc_threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cache_gib is not None and self.cache_gib <= 0:
+            raise ValueError(f"cache_gib must be positive, got {self.cache_gib}")
+        if self.session_idle_s <= 0:
+            raise ValueError(f"session_idle_s must be positive, got {self.session_idle_s}")
 
 
 @dataclass(frozen=True, slots=True)
