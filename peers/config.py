@@ -10,6 +10,7 @@ import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from swarm.partition.quantize import QUANT_MODES
 from swarm.registry.hosts import LOOPBACK, HostConfig
@@ -150,11 +151,7 @@ class PeerConfig:
     def from_args(cls, ns: argparse.Namespace) -> PeerConfig:
         """Raises CredentialsError unless --credentials DIR or --open was given."""
         limits = LimitsConfig(
-            sessions_per_client=ns.sessions_per_client,
-            requests_per_s=ns.requests_per_s,
-            request_burst=ns.request_burst,
-            session_tokens=ns.session_tokens,
-            stream_bytes=ns.stream_bytes,
+            **given(ns, "sessions_per_client", "requests_per_s", "request_burst", "session_tokens", "stream_bytes")
         )
         server = ServerConfig(
             host=ns.host,
@@ -162,11 +159,7 @@ class PeerConfig:
             port=ns.port,
             cache_tokens=ns.cache_tokens,
             cache_gib=ns.cache_gib,
-            page_size=ns.page_size,
-            max_batch_tokens=ns.max_batch_tokens,
-            session_idle_s=ns.session_idle_s,
-            max_sessions=ns.max_sessions,
-            max_message_bytes=ns.max_message_bytes,
+            **given(ns, "page_size", "max_batch_tokens", "session_idle_s", "max_sessions", "max_message_bytes"),
             limits=limits,
             credentials=SwarmCredentials.choose(ns.credentials, ns.open),
             adapters=str(getattr(ns, "adapters", None) or ""),
@@ -174,8 +167,7 @@ class PeerConfig:
         placement = PlacementConfig(
             memory_gib=ns.memory_gib,
             rebalance=ns.rebalance,
-            rebalance_period_s=ns.rebalance_period,
-            rebalance_margin=ns.rebalance_margin,
+            **given(ns, rebalance_period_s="rebalance_period", rebalance_margin="rebalance_margin"),
         )
         return cls(
             model_path=str(ns.model),
@@ -199,6 +191,13 @@ class PeerConfig:
             server=server,
             placement=placement,
         )
+
+
+def given(ns: argparse.Namespace, *names: str, **renamed: str) -> dict[str, Any]:
+    """The config fields whose flags were given (`name`, or `field="flag"` where the names differ). A flag left
+    out is None (swarm/cli/_peer_flags.py) and its field keeps the dataclass's default: defaults are written once."""
+    flags = {name: name for name in names} | renamed
+    return {field: getattr(ns, flag) for field, flag in flags.items() if getattr(ns, flag, None) is not None}
 
 
 def parse_resources(text: str | None) -> tuple[tuple[str, float], ...]:

@@ -7,7 +7,8 @@ prometheus_targets.py: `swarm prometheus-targets` (Prometheus file-SD from the r
 (the live swarm map); train.py: `swarm train`, `swarm export`, `swarm init-model`; keys.py: `swarm keys init`,
 `swarm keys issue` (private swarms); api.py: `swarm api` (the OpenAI-compatible API on Ray Serve); finetune.py:
 `swarm finetune` (LoRA or prompt tuning through the swarm, parameters on the client).
-_credentials.py: the `--credentials DIR` / `--open` flags they share.
+_credentials.py: the `--credentials DIR` / `--open` flags they share; _peer_flags.py: `swarm peer join`'s tuning
+flags (placement, engine, limits per client), their defaults read from peers/config.py.
 """
 
 from __future__ import annotations
