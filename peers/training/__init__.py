@@ -5,5 +5,6 @@ optimizer.py: the hivemind collaborative optimizer of a stage (clipped AdamW, sc
 replica.py: StageReplica, compute and steps under one lock; service.py: the TrainingStage gRPC servicer;
 siblings.py: the stage's other replicas (membership, StepNow, their sample counts); actor.py: TrainingStagePeer,
 one replica that joins a stage (state from a live replica or a checkpoint); stage_actor.py: StageActor, the Ray
-actor a job starts around it; boot_priority.py: IdleBoot, a replica's boot at idle CPU priority.
+actor a job starts around it; boot_priority.py: IdleBoot, a replica's boot at idle CPU priority; job.py:
+TrainingJob, a whole job on Ray (bootstrap node, stage replicas, trainers; `swarm train`).
 """
