@@ -31,7 +31,7 @@ _EXPORTS = {
     "PeerDaemon": "peers.daemon",
     "LocalSwarm": "peers.local_swarm",
     "PeerServer": "peers.server",
-    "ServerConfig": "peers.server",
+    "ServerConfig": "peers.config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
+from peers.config import LimitsConfig
 from swarm.errors import LimitExceeded
 from swarm.security import authenticated_member
 
@@ -22,36 +23,6 @@ CLIENT_METADATA = "x-swarm-client"  # optional name a caller gives itself (sever
 MAX_CLIENT_NAME = 64  # characters of that name kept: a key, not a place to store data
 MAX_TRACKED_CLIENTS = 4096  # rate buckets kept before full (idle) ones are forgotten
 MESSAGE_OVERHEAD_BYTES = 1024  # what each message of a stream costs on top of its bytes (parsing, bookkeeping)
-
-
-@dataclass(frozen=True, slots=True)
-class LimitsConfig:
-    """What one client may take of a peer. Defaults leave room for a busy honest client (a generation step is one
-    request; a replay of 1,024 tokens is one more) and stop one that would starve the others."""
-
-    sessions_per_client: int = 16  # inference sessions one client may hold open on this peer at once
-    requests_per_s: float = 500.0  # sustained per client: RPCs plus inference steps (token-bucket refill rate)
-    request_burst: int = 1000  # per client: requests allowed at once above the sustained rate (bucket size)
-    session_tokens: int = 1 << 20  # batch x new tokens one session may run, replays and rollbacks included
-    stream_bytes: int = 0  # bytes of one chunked tensor, MESSAGE_OVERHEAD_BYTES per chunk included; 0: derived
-    # LoRA tensors uploaded to the peer (LoadAdapter: fine-tuning copies and published served adapters; not the
-    # operator's --adapters), per client and in all. peers/adapter_budget.py charges them.
-    adapter_bytes_per_client: int = 256 << 20
-    adapter_bytes: int = 1 << 30
-
-    def __post_init__(self) -> None:
-        names = (
-            "sessions_per_client",
-            "requests_per_s",
-            "request_burst",
-            "session_tokens",
-            "adapter_bytes_per_client",
-        )
-        for name in (*names, "adapter_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.stream_bytes < 0:
-            raise ValueError(f"stream_bytes must be >= 0 (0: derived), got {self.stream_bytes}")
 
 
 def stream_bytes_for(max_request_tokens: int, hidden_size: int, max_message_bytes: int) -> int:

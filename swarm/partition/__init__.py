@@ -5,6 +5,7 @@ one module per family: llama.py (Llama, Mistral, Qwen2), qwen3.py, mixtral.py (s
 gemma2.py (soft-capped scores and logits, scaled embeddings, sequences within the sliding window);
 layers.py: RMSNorm, rotary tables, KVLayer, ScoreRule and causal attention, shared by the families;
 checkpoint.py: selective safetensors reads; config.py: open a checkpoint, refuse unsupported architectures;
+portable.py: PortableConfig, a model config that unpickles without transformers;
 span.py: BlockSpan [start, end) and its SpanCache; client_head.py: embeddings, final norm and LM head;
 gguf.py: convert a GGUF file to a float checkpoint; quantize.py: int8 / nf4 block weights (bitsandbytes) and the
 memory plan; int8_linear.py: LLM.int8 weights computed the way their device does it best.

@@ -19,7 +19,7 @@ from swarm.errors import UnsupportedArchitectureError
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from swarm.partition.config import PortableConfig
+    from swarm.partition.portable import PortableConfig
 
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})  # inv_freq does not depend on length
 

@@ -7,10 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from peers.config import PeerConfig, PlacementConfig
+from peers.config import PeerConfig, PlacementConfig, ServerConfig
 from peers.kv_cache import PoolShape
 from peers.memory import GIB, block_bytes, block_parameters, blocks_for_peer, blocks_that_fit, kv_cache_bytes_per_token
-from peers.server import ServerConfig
 from swarm.errors import InvalidRequest
 from swarm.partition import BlockConfig, BlockSpan, architecture_of
 from swarm.partition.llama import LlamaBlock
