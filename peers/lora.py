@@ -21,8 +21,8 @@ from torch.nn import functional as F
 
 from peers.adapter_budget import TOTAL, AdapterBudget
 from peers.limits import LimitsConfig
-from swarm.client.lora import TARGETS  # peft's target names -> their paths inside a block, one table for both sides
 from swarm.errors import AdapterNotFound, InvalidRequest
+from swarm.partition.lora import TARGETS  # peft's target names -> their paths inside a block, one table for both sides
 
 MAX_RANK = 256  # a bigger rank is no longer low: refuse it rather than hold it
 

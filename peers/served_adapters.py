@@ -21,9 +21,9 @@ from pathlib import Path
 from peers.adapter_budget import AdapterBudget
 from peers.limits import LimitsConfig
 from peers.lora import AdapterKey, LoraWeights, check_shapes, parse_name
-from swarm.client.lora import PEFT_PREFIX, config_from_peft
 from swarm.errors import AdapterNotFound, InvalidArgument, InvalidRequest, LimitExceeded, PermissionDenied
 from swarm.partition import BlockSpan
+from swarm.partition.lora import PEFT_PREFIX, config_from_peft
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # no ':' ("base:adapter" in the API) and no '/'
 MAX_BLOCKS = 1 << 16

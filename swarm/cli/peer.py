@@ -272,7 +272,7 @@ def check_adapters(root: Path) -> None:
     against the span's layers when the stage actor loads them)."""
     import json
 
-    from swarm.client.lora import config_from_peft
+    from swarm.partition.lora import config_from_peft
 
     if not root.is_dir():
         raise InvalidArgument("--adapters", f"{root} is not a directory")

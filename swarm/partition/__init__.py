@@ -7,7 +7,8 @@ layers.py: RMSNorm, rotary tables, KVLayer, ScoreRule and causal attention, shar
 checkpoint.py: selective safetensors reads; config.py: open a checkpoint, refuse unsupported architectures;
 portable.py: PortableConfig, a model config that unpickles without transformers;
 span.py: BlockSpan [start, end) and its SpanCache; client_head.py: embeddings, final norm and LM head;
-gguf.py: convert a GGUF file to a float checkpoint; quantize.py: int8 / nf4 block weights (bitsandbytes) and the
+gguf.py: convert a GGUF file to a float checkpoint; lora.py: a LoRA adapter's format (LoraConfig, peft's names),
+shared by the client and the peers; quantize.py: int8 / nf4 block weights (bitsandbytes) and the
 memory plan; int8_linear.py: LLM.int8 weights computed the way their device does it best.
 """
 

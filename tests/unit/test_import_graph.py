@@ -135,6 +135,17 @@ def test_no_swarm_module_outside_the_cli_imports_peers() -> None:
     )
 
 
+def test_no_peer_module_imports_the_client() -> None:
+    """A peer computes what clients send; what both sides must agree on (a LoRA adapter's format, the codecs, the
+    records) lives below the client, in swarm/partition, swarm/codec, swarm/types."""
+    offending = [
+        f"{edge.source}:{edge.line} imports {edge.target}"
+        for edge in import_graph(REPO_ROOT)
+        if edge.source.startswith("peers") and edge.target.split(".")[:2] == ["swarm", "client"]
+    ]
+    assert not offending, "move what both sides share below swarm/client:\n" + "\n".join(offending)
+
+
 def test_no_import_circle_in_swarm_or_peers() -> None:
     edges = [edge for edge in import_graph(REPO_ROOT) if not edge.lazy]
     found = circles(edges)
