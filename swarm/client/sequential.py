@@ -25,11 +25,9 @@ from swarm.codec import CodecId, encode, join, split
 from swarm.errors import (
     InvalidOutput,
     InvalidRequest,
-    Overloaded,
     PeerUnavailable,
     SessionNotFound,
     SwarmError,
-    WrongSpan,
     error_for,
 )
 from swarm.router import Router
@@ -245,10 +243,7 @@ class _Retries:
         self.metrics.retries[rpc].inc()
         if isinstance(error, InvalidOutput):
             self.metrics.bad_outputs[error.check].inc()
-        if isinstance(error, Overloaded | WrongSpan):  # alive but full, or moved: step aside, no escalating ban
-            router.bans.pause(hop.peer_id, 2.0)
-        else:
-            router.bans.ban(hop.peer_id)
+        router.bans.penalize(hop.peer_id, error)
         logger.warning("peer=%s span=%s failed (%s); routing the span again", hop.peer_id, hop.span, error)
 
 

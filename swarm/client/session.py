@@ -31,9 +31,7 @@ from swarm.errors import (
     MissingBlocks,
     Overloaded,
     PeerUnavailable,
-    SessionLost,
     SwarmError,
-    WrongSpan,
 )
 from swarm.router import Router, serving
 from swarm.security import SwarmCredentials
@@ -42,7 +40,6 @@ from swarm.types import Hop, PeerInfo, Route, Span
 logger = logging.getLogger(__name__)
 
 REPLAY_TOKENS = 1024  # batch x tokens per replay step: well under a peer's default max_request_tokens (8192)
-OVERLOADED_PAUSE_S = 2.0
 
 
 class _ReplayFailed(Exception):
@@ -254,11 +251,7 @@ class InferenceSession:
                 self.metrics.bad_outputs[error.check].inc()
             if self.failovers > self.max_failovers:
                 raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
-            # Alive but full (or preempted for pages), moved, or closed our idle session: step aside, no escalation.
-            if isinstance(error, Overloaded | WrongSpan | SessionLost):
-                backoff = self.router.bans.pause(culprit, OVERLOADED_PAUSE_S)
-            else:
-                backoff = self.router.bans.ban(culprit)
+            backoff = self.router.bans.penalize(culprit, error)  # a pause or a ban: swarm/router/bans.py decides
             logger.warning("peer=%s failed (%s); avoided for %.1f s, rerouting", culprit, error, backoff)
             try:
                 # The background view first (a DHT read costs a frozen peer's session time); re-read only if it

@@ -22,7 +22,7 @@ import torch
 
 from swarm.client.checks import disagreement
 from swarm.client.metrics import ClientMetrics
-from swarm.errors import InvalidOutput, InvalidRequest, MissingBlocks, Overloaded, SwarmError, WrongSpan
+from swarm.errors import InvalidOutput, InvalidRequest, MissingBlocks, SwarmError
 from swarm.router import Router
 from swarm.types import Hop, PeerInfo
 
@@ -184,10 +184,7 @@ class Verifier:
         except SwarmError as error:
             if isinstance(error, InvalidOutput):
                 self.metrics.bad_outputs[error.check].inc()
-            if isinstance(error, Overloaded | WrongSpan):
-                self.router.bans.pause(replica.hop.peer_id, 2.0)
-            else:
-                self.router.bans.ban(replica.hop.peer_id)
+            self.router.bans.penalize(replica.hop.peer_id, error)
             logger.warning("verifying replica peer=%s failed (%s); not verified", replica.hop.peer_id, error)
             self._close(replica)
             return None

@@ -1,4 +1,8 @@
-"""Which peers not to use for now: a failed peer is banned for a time that doubles with each failure in a row."""
+"""Which peers not to use for now: a failed peer is banned for a time that doubles with each failure in a row; one
+that is alive but cannot take the work (full, moved, closed our idle session) is only stepped aside from.
+
+`Bans.penalize` is the one place that tells the two apart, for inference sessions, forward/backward passes and
+verification alike."""
 
 from __future__ import annotations
 
@@ -6,6 +10,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from swarm.errors import Overloaded, SessionLost, SwarmError, WrongSpan
+
+# Alive but full (or preempted for pages), moved to other blocks, or closed our idle session: avoided this long,
+# with no escalation, since the peer did nothing wrong.
+STEP_ASIDE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -37,6 +47,13 @@ class Bans:
             previous = self._bans.get(peer_id)
             self._bans[peer_id] = _Ban(self.clock() + seconds, previous.failures if previous else 0)
             return seconds
+
+    def penalize(self, peer_id: str, error: SwarmError) -> float:
+        """Avoid `peer_id` after it failed with `error`: a pause of STEP_ASIDE_S where the peer is alive and only
+        could not take the work, else a ban with backoff. Returns how long it is avoided for."""
+        if isinstance(error, Overloaded | WrongSpan | SessionLost):
+            return self.pause(peer_id, STEP_ASIDE_S)
+        return self.ban(peer_id)
 
     def forgive(self, peer_id: str) -> None:
         """A success resets the backoff."""
