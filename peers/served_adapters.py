@@ -144,10 +144,3 @@ def load_peft(directory: str | Path, span: BlockSpan, name: str) -> LoraWeights:
     except InvalidRequest as error:
         raise InvalidArgument(str(directory), str(error)) from None
     return weights
-
-
-def served_from(root: str | Path | None, span: BlockSpan) -> ServedAdapters:
-    served = ServedAdapters()
-    if root:
-        served.load_directory(root, span)
-    return served

@@ -23,11 +23,6 @@ class TokenDataset:
         self.tokens = torch.from_numpy(tokens.astype(np.int64))
         self.seq_len = seq_len
 
-    @property
-    def vocab_needed(self) -> int:
-        """The smallest vocabulary that holds every token id of the data."""
-        return int(self.tokens.max()) + 1
-
     def sample(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids, labels), each [batch, seq_len]: random windows and the same windows shifted by one."""
         starts = torch.randint(0, self.tokens.numel() - self.seq_len - 1, (batch,), generator=generator)
