@@ -113,6 +113,11 @@ class Unauthenticated(InvalidRequest):
     too, so it is never retried on another peer."""
 
 
+class PermissionDenied(InvalidRequest):
+    """The caller may not do this to the state it names: a push into a session without that session's current push
+    token, or one that would roll back, reorder or skip its cache. Retrying it elsewhere gives the same answer."""
+
+
 class WrongSpan(SwarmError):
     """The peer does not serve the blocks asked for: it has moved to other blocks, or the caller's registry view
     is stale. Not the peer's fault and not a bug: re-read the registry and route those blocks elsewhere."""
@@ -125,6 +130,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[SwarmError], grpc.StatusCode], ...] = (
     (SessionLost, grpc.StatusCode.ABORTED),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidSpan, grpc.StatusCode.INVALID_ARGUMENT),
     (WrongSpan, grpc.StatusCode.FAILED_PRECONDITION),
@@ -139,6 +145,7 @@ _ERROR_BY_STATUS: dict[grpc.StatusCode, type[SwarmError]] = {
     grpc.StatusCode.NOT_FOUND: SessionNotFound,
     grpc.StatusCode.FAILED_PRECONDITION: WrongSpan,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 
