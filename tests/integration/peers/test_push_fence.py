@@ -147,9 +147,10 @@ def test_a_late_push_from_a_replaced_peer_changes_nothing(replicas, peer_servers
                 release = freeze_after_computing(replicas[0], outcomes)
             if number == 6:  # the client is two steps past the failover: let the frozen peer's push go
                 release.set()
-                assert _eventually(outcomes) == [False]  # refused by the second hop
+                _eventually(outcomes)  # the push reached the second hop (and, without the fence, truncated it)
             got.append(session.step(tokens[:, session.position : session.position + length]))
         assert [h.peer_id for h in session.route] == ["peer-0", "fenced-15"]
+    assert outcomes == [False]  # refused by the second hop
     assert worst_relative(got, expected) <= 1e-5
 
 
