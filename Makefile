@@ -17,14 +17,25 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SCHEMA_CHECK := .cache/grafana-schema
 SCHEMA_READY := $(SCHEMA_CHECK)/node_modules/.installed
 
-.PHONY: demo test bench lint proto model clean test-tools grafana-schema constraints
+.PHONY: demo test test-unit test-integration test-system bench lint proto model clean test-tools grafana-schema constraints
 
 demo: $(MODEL_READY)
 	$(PY) -m swarm demo --model $(MODEL)
 
+# Every tier in one run (unit first); the summary ends with each tier's counts and time (tests/tiers.py).
 test: $(MODEL_READY) test-tools grafana-schema
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests --durations=15
+
+# One tier, for the inner loop of development.
+test-unit: $(MODEL_READY)
+	$(PY) -m pytest tests/unit -m unit
+
+test-integration: $(MODEL_READY) test-tools grafana-schema
+	$(PY) -m pytest tests -m integration --durations=15
+
+test-system: $(MODEL_READY)
+	$(PY) -m pytest tests -m system --durations=15
 
 bench: $(MODEL_READY)
 	$(PY) -m benchmarks.codec --model $(MODEL)

@@ -75,6 +75,7 @@ class StagePeer:
             "iteration_ms": 1000 * iteration_s,
             "metrics_address": self.metrics_address,
             "adapters": list(server.service.served.names()),
+            "serving": engine.alive,  # False once its engine died: the daemon announces OFFLINE
             "pid": os.getpid(),
             "load_s": self.load_s,
         }

@@ -89,6 +89,8 @@ class PeerDaemon:
             if self.on_restart is not None:
                 self.on_restart(live)
         self.last_info = live
+        if not live.get("serving", True):  # its engine died: no work may be sent here
+            return self._record(PeerState.OFFLINE, span)
         self._allow_pushes(stage, span)
         return dataclasses.replace(
             self._record(PeerState.ONLINE, span),

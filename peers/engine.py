@@ -5,6 +5,11 @@ their futures; each iteration the loop lets the scheduler (peers/scheduler.py) p
 the token budget, takes KV pages for them (preempting the most recently admitted sessions when pages run out),
 and runs them together through the model runner (peers/model_runner.py). Forward and backward tasks run when no
 step is ready. Sessions idle for longer than `session_idle_s` are closed and their pages returned.
+
+One client never breaks another's session: a session closed while an iteration computes on it gives its pages
+back only once that iteration is over; a step the span cannot compute fails alone (its batch is rerun without it);
+step futures cannot be cancelled by their callers (they close the session instead), so completing one never races.
+If the loop ever dies anyway, everything waiting fails with PeerUnavailable and `on_dead` tells the server.
 """
 
 from __future__ import annotations
@@ -20,12 +25,22 @@ from typing import Any
 
 import torch
 
-from peers.engine_state import EngineSession, Step, admission_order
-from peers.kv_cache import Sequence, copies_needed, reorder
+from peers.engine_pages import SessionPages
+from peers.engine_state import EngineSession, Step
+from peers.kv_cache import Sequence
 from peers.lora import LoraWeights
 from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner, Piece
-from peers.scheduler import Chunk, MovingAverage, RateMeter, Ready, Task, TaskKind, TaskQueue, plan_iteration
+from peers.scheduler import (
+    Chunk,
+    MovingAverage,
+    RateMeter,
+    Task,
+    TaskKind,
+    TaskQueue,
+    reject,
+    resolve,
+)
 from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, SessionNotFound, SwarmError
 
 logger = logging.getLogger(__name__)
@@ -41,7 +56,7 @@ class EngineConfig:
     session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
 
 
-class Engine:
+class Engine(SessionPages):
     """Sessions, their pages and the loop. Thread-safe: the service calls it from many RPC threads."""
 
     def __init__(
@@ -60,6 +75,10 @@ class Engine:
         self._cond = threading.Condition()
         self._closed = False
         self.on_lost: LostHandler = lambda session_id, error: None
+        self.on_dead: Callable[[], None] = lambda: None  # the loop died: the peer must stop offering itself
+        self.alive = True  # False once the loop has ended (shut down, or died)
+        self._running: set[int] = set()  # ids of the sessions the current iteration computes on
+        self._parked: list[EngineSession] = []  # closed during that iteration: pages go back once it is over
         self.meters = {kind: RateMeter() for kind in TaskKind}  # INFERENCE: iterations per second of busy time
         self.batch_size = MovingAverage()  # sequences per inference iteration
         self.tokens_total = {kind: 0 for kind in TaskKind}  # tokens computed since start, for Prometheus counters
@@ -67,6 +86,7 @@ class Engine:
         self.iterations = 0  # inference iterations run
         self.most_adapters = 0  # most distinct adapters (the bare model counts as one) that shared an iteration
         self.preemptions = 0
+        self.deferred_releases = 0  # sessions closed mid-iteration: their pages went back after it
         self.idle_closes = 0
         self._loop = threading.Thread(target=self._run, name="peer-engine", daemon=True)
         self._loop.start()
@@ -89,11 +109,17 @@ class Engine:
         """Register a session (its rows run with `adapter`'s deltas, if any); it holds no page until its tokens arrive.
 
         Raises:
-            InvalidRequest: the id is empty or already open.
+            InvalidRequest: the id is empty or already open, or the session has more rows than one iteration
+                computes (max_batch_tokens): its steps could never be scheduled.
             Overloaded: the session could never fit this peer's whole pool.
         """
         if not session_id:
             raise InvalidRequest("session_id must not be empty")
+        if batch_size > self.config.max_batch_tokens:
+            raise InvalidRequest(
+                f"batch_size {batch_size} exceeds this peer's max_batch_tokens={self.config.max_batch_tokens}: "
+                "one token of every row must fit one iteration"
+            )
         if batch_size * self.pool.shape.pages_for(max_length) > self.pool.pages_total:
             raise Overloaded(
                 f"KV cache too small: {batch_size} x {max_length} tokens exceed this peer's "
@@ -119,6 +145,8 @@ class Engine:
                 hypo_ids that does not name one row of the session per row, or a step while another is still running.
         """
         with self._cond:
+            if not self.alive:
+                raise PeerUnavailable("this peer's engine stopped; try another peer")
             session = self._session(session_id)
             rows, tokens = hidden.shape[0], hidden.shape[1]
             if rows != len(session.sequences):
@@ -177,148 +205,87 @@ class Engine:
         return any(s.pending is not None for s in self._sessions.values())
 
     def _run(self) -> None:
-        while True:
+        try:
+            while self._turn():
+                pass
+        except BaseException:
+            logger.critical("the engine's loop died: this peer serves nothing more", exc_info=True)
+        finally:
+            self._end()
+
+    def _turn(self) -> bool:
+        """One pass of the loop: plan under the lock, compute outside it, then hand pages of sessions closed
+        meanwhile back. An error fails the work it touched, never the loop. False once shut down and drained."""
+        chunks: list[Chunk] = []
+        group: list[Task] = []
+        try:
             with self._cond:
-                if not self._has_steps() and not self._tasks and not self._closed:
-                    self._cond.wait(REAP_PERIOD_S)
                 lost = self._reap_idle()
                 if self._closed and not self._has_steps() and not self._tasks:
-                    return
+                    return False
                 chunks, lost_now = self._plan()
+                lost += lost_now
                 group = [] if chunks else self._tasks.next_group()
-            for session_id, error in lost + lost_now:
-                self.on_lost(session_id, error)
+                if not (chunks or group or lost):
+                    self._cond.wait(REAP_PERIOD_S)  # nothing to do (or nothing plannable): wait, never spin
+                    return True
+                self._running = {id(chunk.key.session) for chunk in chunks}
+            self._tell_lost(lost)
+            if chunks:
+                self._iterate(chunks)
+            elif group:
+                self._execute(group)
+        except Exception as error:
+            logger.exception("engine iteration failed")
+            self._fail(chunks, group, error)
+        finally:
+            self._settle()
+        return True
+
+    def _fail(self, chunks: list[Chunk], group: list[Task], error: Exception) -> None:
+        """Fail what this turn touched; when planning itself failed, every ready step (which one broke it is
+        unknown, and planning it again would fail again)."""
+        with self._cond:
+            steps = [c.key for c in chunks]
+            if not chunks and not group:
+                steps = [s.pending for s in self._sessions.values() if s.pending is not None]
+            for step in steps:
+                if step.session.pending is step:
+                    step.session.pending = None
+                reject(step.future, error)
+        for task in group:
+            reject(task.future, error)
+
+    def _tell_lost(self, lost: list[tuple[str, SwarmError]]) -> None:
+        for session_id, error in lost:
             try:
-                if chunks:
-                    self._iterate(chunks)
-                elif group:
-                    self._execute(group)
-            except BaseException as error:  # never let the loop die: fail this iteration and go on
-                logger.exception("engine iteration failed")
-                for future in [c.key.future for c in chunks] + [task.future for task in group]:
-                    if not future.done():
-                        future.set_exception(error)
-                with self._cond:
-                    for chunk in chunks:
-                        chunk.key.session.pending = None
+                self.on_lost(session_id, error)
+            except Exception:  # the service's bookkeeping; its failure must not fail the batch that follows
+                logger.exception("on_lost failed for session %s", session_id)
 
-    def _plan(self) -> tuple[list[Chunk], list[tuple[str, SwarmError]]]:
-        """This iteration's chunks, with pages taken for them. Under the lock."""
-        ready = [
-            Ready(s.pending, len(s.sequences), s.pending.remaining, admission_order(s))
-            for s in self._sessions.values()
-            if s.pending is not None
-        ]
-        chunks = plan_iteration(ready, self.config.max_batch_tokens)
-        planned, lost = [], []
-        # Pages go to the oldest sessions first: when they run out, the newest give theirs back.
-        chunks.sort(key=lambda c: admission_order(c.key.session))
-        for chunk in chunks:
-            step = chunk.key
-            session = step.session
-            if step.future.done():  # preempted for an older session's pages a moment ago
-                continue
-            if step.hypo_ids is not None:
-                lost.extend(self._fork_beams(step))
-                if step.future.done():
-                    continue
-            length = step.position + step.done + chunk.tokens
-            needed = sum(seq.pages_needed(length, self.pool.page_size) for seq in session.sequences)
-            if session.admitted is None:
-                # Admitted while its first step fits and the running sequences' next tokens still find room.
-                if needed and needed + self._pages_for_next_tokens() > self.pool.pages_free:
-                    lost.append(self._refuse(session, needed))
-                    continue
-                session.admitted = next(self._admissions)
-            elif needed > self.pool.pages_free:
-                lost.extend(self._preempt_for(session, needed))
-                if step.future.done():
-                    continue
-            for sequence in session.sequences:
-                sequence.grow(self.pool, length)
-            planned.append(chunk)
-        return planned, lost
+    def _settle(self) -> None:
+        """After a turn: the pages of sessions closed while the turn computed on them go back to the pool now."""
+        with self._cond:
+            self._running = set()
+            parked, self._parked = self._parked, []
+            for session in parked:
+                for sequence in session.sequences:
+                    sequence.release(self.pool)
 
-    def _fork_beams(self, step: Step) -> list[tuple[str, SwarmError]]:
-        """Reorder the session's rows as the step's hypo_ids say, preempting newer sessions for the pages that
-        forked beams copy. Here, in the loop, rather than in step(): pages are taken and zeroed only by the loop."""
-        session, hypo_ids = step.session, step.hypo_ids
-        assert hypo_ids is not None
-        step.hypo_ids = None
-        lost: list[tuple[str, SwarmError]] = []
-        needed = copies_needed(session.sequences, hypo_ids)
-        if needed > self.pool.pages_free:
-            lost = self._preempt_for(session, needed)
-            if step.future.done():
-                return lost
-        session.sequences = reorder(session.sequences, hypo_ids, self.pool)
-        return lost
-
-    def _pages_for_next_tokens(self) -> int:
-        """Pages the admitted sessions need for one more token each: those whose last page is full."""
-        page = self.pool.page_size
-        return sum(
-            1
-            for s in self._sessions.values()
-            if s.admitted is not None
-            for sequence in s.sequences
-            if sequence.length and sequence.length == len(sequence.pages) * page
-        )
-
-    def _preempt_for(self, session: EngineSession, needed: int) -> list[tuple[str, SwarmError]]:
-        """Preempt the sessions admitted after `session`, newest first, then `session` itself, until `needed` pages
-        are free."""
-        victims: list[tuple[str, SwarmError]] = []
-        candidates = sorted(
-            (s for s in self._sessions.values() if admission_order(s) > admission_order(session)),
-            key=admission_order,
-            reverse=True,
-        )
-        for victim in [*candidates, session]:
-            if needed <= self.pool.pages_free:
-                break
-            error = Overloaded(
-                f"session preempted: this peer's KV cache ran out of pages ({self.pool.pages_total} pages of "
-                f"{self.pool.page_size} tokens); replay it here later or on another peer"
-            )
-            victims.append(self._drop(victim, error))
-            self.preemptions += 1
-            if self.metrics is not None:
-                self.metrics.preemptions.inc()
-        return victims
-
-    def _refuse(self, session: EngineSession, needed: int) -> tuple[str, SwarmError]:
-        error = Overloaded(
-            f"KV cache is full: the session's first step needs {needed} pages, {self.pool.pages_free} of "
-            f"{self.pool.pages_total} are free (some are kept for running sessions to grow)"
-        )
-        return self._drop(session, error)
-
-    def _drop(self, session: EngineSession, error: SwarmError) -> tuple[str, SwarmError]:
-        """Forget `session`, give its pages back and fail its pending step with `error`. Under the lock; the
-        (id, error) pair returned is for `on_lost`, which the loop calls once the lock is let go."""
-        del self._sessions[session.session_id]
-        self._release(session, error)
-        return session.session_id, error
-
-    def _release(self, session: EngineSession, error: SwarmError) -> None:
-        for sequence in session.sequences:
-            sequence.release(self.pool)
-        step, session.pending = session.pending, None
-        if step is not None and not step.future.done():
-            step.future.set_exception(error)
-
-    def _reap_idle(self) -> list[tuple[str, SwarmError]]:
-        now, limit = self.clock(), self.config.session_idle_s
-        idle = [s for s in self._sessions.values() if s.pending is None and now - s.last_used > limit]
-        lost = []
-        for session in idle:
-            error = SessionNotFound(f"session {session.session_id!r} was closed after {limit:g} s without a step")
-            lost.append(self._drop(session, error))
-            self.idle_closes += 1
-            if self.metrics is not None:
-                self.metrics.idle_closes.inc()
-        return lost
+    def _end(self) -> None:
+        """The loop is over (shut down, or died): refuse everything from now on and fail what still waits."""
+        with self._cond:
+            died = not self._closed
+            self._closed, self.alive = True, False
+            if not died:
+                return
+            error = PeerUnavailable("this peer's engine stopped after an internal error; try another peer")
+            for session in list(self._sessions.values()):
+                self._drop(session, error)
+            while self._tasks:
+                for task in self._tasks.next_group():
+                    reject(task.future, error)
+        self.on_dead()
 
     def _iterate(self, chunks: list[Chunk]) -> None:
         """Run the chunks (one forward per distinct block range, nearly always one), then hand out results."""
@@ -326,13 +293,11 @@ class Engine:
         by_blocks: dict[range, list[Chunk]] = {}
         for chunk in chunks:
             by_blocks.setdefault(chunk.key.session.blocks, []).append(chunk)
-        results: dict[int, torch.Tensor] = {}
+        results: dict[int, torch.Tensor | Exception] = {}
         for blocks, group in by_blocks.items():
             group.sort(key=_adapter_name)  # one contiguous run of rows per adapter (peers/lora.py applied_per_row)
             self.most_adapters = max(self.most_adapters, len({_adapter_name(chunk) for chunk in group}))
-            pieces = [self._piece(chunk) for chunk in group]
-            for chunk, output in zip(group, self.runner.run(pieces, blocks), strict=True):
-                results[id(chunk)] = output
+            results.update(self._compute(group, blocks))
         self._synchronize()
         elapsed = time.perf_counter() - started
         sequences = sum(len(c.key.session.sequences) for c in chunks)
@@ -340,7 +305,26 @@ class Engine:
         self._record(elapsed, sequences, tokens)
         with self._cond:
             for chunk in chunks:
-                self._advance(chunk, results[id(chunk)])
+                result = results[id(chunk)]
+                if isinstance(result, Exception):
+                    self._fail([chunk], [], result)  # the lock is reentrant
+                else:
+                    self._advance(chunk, result)
+
+    def _compute(self, group: list[Chunk], blocks: range) -> dict[int, torch.Tensor | Exception]:
+        """Each chunk's output, or the error it met: the chunks as one batch, and when that fails each chunk alone,
+        so that a step the span cannot compute fails only its own session (a rerun rewrites the same KV slots)."""
+        try:
+            outputs = self.runner.run([self._piece(chunk) for chunk in group], blocks)
+            return {id(chunk): output for chunk, output in zip(group, outputs, strict=True)}
+        except Exception as error:
+            if len(group) == 1:
+                return {id(group[0]): error}
+        logger.warning("a batch of %d steps failed: running each alone to find the one(s) at fault", len(group))
+        results: dict[int, torch.Tensor | Exception] = {}
+        for chunk in group:
+            results.update(self._compute([chunk], blocks))
+        return results
 
     def _piece(self, chunk: Chunk) -> Piece:
         step = chunk.key
@@ -358,7 +342,7 @@ class Engine:
             sequence.length = step.position + step.done
         if step.remaining == 0:
             session.pending, session.last_used = None, self.clock()
-            step.future.set_result(torch.cat(step.outputs, dim=1) if len(step.outputs) > 1 else step.outputs[0])
+            resolve(step.future, torch.cat(step.outputs, dim=1) if len(step.outputs) > 1 else step.outputs[0])
 
     def _record(self, elapsed: float, sequences: int, tokens: int) -> None:
         self.iterations += 1
@@ -375,16 +359,16 @@ class Engine:
         try:
             results = self._handlers[kind]([task.payload for task in group])
             self._synchronize()
-        except BaseException as error:  # the caller gets the error; the loop keeps serving
+        except Exception as error:
             for task in group:
-                task.future.set_exception(error)
+                reject(task.future, error)
             return
         elapsed, tokens = time.perf_counter() - started, sum(task.tokens for task in group)
         self.meters[kind].record(tokens, elapsed)
         self.tokens_total[kind] += tokens
         self.busy_s_total[kind] += elapsed
         for task, result in zip(group, results, strict=True):
-            task.future.set_result(result)
+            resolve(task.future, result)
 
     def _synchronize(self) -> None:
         """Timings that are announced must include the GPU's work, not only the kernel launches."""

@@ -10,6 +10,7 @@ import torch
 
 from peers.kv_cache import Sequence
 from peers.lora import LoraWeights
+from peers.scheduler import running_future
 
 
 @dataclass(slots=True, eq=False)
@@ -18,7 +19,7 @@ class Step:
     hidden: torch.Tensor  # [batch, tokens, hidden]
     position: int
     hypo_ids: list[int] | None = None  # beam search: rows' sources, applied when the step is first planned
-    future: Future = field(default_factory=Future)
+    future: Future = field(default_factory=running_future)  # not cancellable: the caller closes the session
     done: int = 0  # tokens per sequence already run
     outputs: list[torch.Tensor] = field(default_factory=list)  # [batch, chunk, hidden] each
 

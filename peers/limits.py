@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -116,6 +116,27 @@ class StreamBudget:
 
     def give_back(self, message_bytes: int) -> None:
         self.held = max(0, self.held - message_bytes - MESSAGE_OVERHEAD_BYTES)
+
+
+class RecentIds:
+    """The last `size` finished step ids of a session (or any keys naming steps: peers/service.py uses
+    (step_id, position)), so that memory stays flat however long it runs."""
+
+    def __init__(self, size: int) -> None:
+        self._ids: OrderedDict[Hashable, None] = OrderedDict()
+        self.size = size
+
+    def __contains__(self, step_id: object) -> bool:
+        return step_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, step_id: Hashable) -> None:
+        self._ids[step_id] = None
+        self._ids.move_to_end(step_id)
+        while len(self._ids) > self.size:
+            self._ids.popitem(last=False)
 
 
 class Admission:

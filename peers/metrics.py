@@ -1,5 +1,5 @@
 """The Prometheus metrics a peer exports on /metrics (names `swarm_*`), in a registry of its own so that several
-peers can live in one process (tests). Documented in the README's metrics table, shown by dashboards/."""
+peers can live in one process (tests). Documented in the metrics table of docs/operating.md, shown by dashboards/."""
 
 from __future__ import annotations
 

@@ -89,7 +89,8 @@ def _async_streaming(method: Callable, table: _Table) -> Callable:
     async def handler(self: Served, requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         started = time.perf_counter()
         try:
-            self.admission.request(client_key(context))
+            if table.rpc != "Inference":  # an Inference stream counts once its `open` arrives (peers/service.py)
+                self.admission.request(client_key(context))
             async for response in method(self, parsed(requests), context):
                 yield response
         except asyncio.CancelledError:

@@ -9,9 +9,10 @@ forwards of the same shape merged into one batch. Called by peers/engine.py unde
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 from collections.abc import Hashable, Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,17 +68,40 @@ class Chunk:
 
 def plan_iteration(ready: Iterable[Ready], budget: int) -> list[Chunk]:
     """The chunks of one iteration: single-token steps (decode) first, then the others, each in `order`, while
-    rows x tokens stay within `budget`. A multi-token step that does not fit whole runs its first tokens now."""
+    rows x tokens stay within `budget`. A multi-token step that does not fit whole runs its first tokens now.
+
+    The first step in that order always runs at least one token, even one with more rows than `budget` (the engine
+    refuses such sessions at open; this is the guarantee that a ready step is never left waiting forever)."""
     decode, others = [], []
     for step in ready:
         (decode if step.remaining == 1 else others).append(step)
     chunks, left = [], budget
     for step in sorted(decode, key=lambda s: s.order) + sorted(others, key=lambda s: s.order):
-        tokens = min(step.remaining, left // step.rows)
+        tokens = min(step.remaining, max(left // step.rows, 0 if chunks else 1))
         if tokens >= 1:
             chunks.append(Chunk(step.key, tokens))
             left -= tokens * step.rows
     return chunks
+
+
+def running_future() -> Future:
+    """A future its caller cannot cancel: the engine owns it from the start, so completing it never races with a
+    cancel from another thread (InvalidStateError). A caller that gives up closes its session instead."""
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+    return future
+
+
+def resolve(future: Future, result: Any) -> None:
+    """Complete `future`; a no-op when it is already complete."""
+    with contextlib.suppress(InvalidStateError):
+        future.set_result(result)
+
+
+def reject(future: Future, error: BaseException) -> None:
+    """Fail `future`; a no-op when it is already complete."""
+    with contextlib.suppress(InvalidStateError):
+        future.set_exception(error)
 
 
 @dataclass(slots=True, eq=False)  # identity equality: deque.remove must never compare payloads (tensors)
@@ -86,7 +110,7 @@ class Task:
     payload: Any
     tokens: int
     batch_key: Hashable | None
-    future: Future = field(default_factory=Future)
+    future: Future = field(default_factory=running_future)
 
 
 class TaskQueue:

@@ -7,6 +7,7 @@ Called by the stage actor (peers/actor.py) and by tests that serve a span in-pro
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +31,8 @@ from swarm.errors import CredentialsError
 from swarm.partition import BlockSpan
 from swarm.registry.hosts import LOOPBACK, HostConfig, join_host_port, warn_if_unreachable
 from swarm.security import SwarmCredentials
+
+logger = logging.getLogger(__name__)
 
 # Keepalive: pings on idle connections find peers and clients that vanished without closing (a host gone, a cable
 # pulled), so their streams end and their sessions give their pages back.
@@ -61,6 +64,7 @@ class ServerConfig:
     rpc_threads: int = 32  # threads for the plain RPCs (Forward, Backward, Info, Health) running at once
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
     output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
+    open_timeout_s: float = 10.0  # an Inference stream that sends no `open` within this is ended
     adapters: str = ""  # a directory of peft LoRA adapters to serve by name, one per subdirectory; "" for none
     # SwarmCredentials.load(DIR) for a private swarm, SwarmCredentials.open() for an open one; None refuses to serve
     credentials: SwarmCredentials | None = None
@@ -118,8 +122,10 @@ class PeerServer:
             or stream_bytes_for(config.max_request_tokens, span.cfg.hidden_size, config.max_message_bytes),
             output_noise_std=config.output_noise_std,
             credentials=config.credentials,
+            open_timeout_s=config.open_timeout_s,
         )
         self.service = PeerService(self.backend, self.engine, service, self.metrics)
+        self.engine.on_dead = self._engine_died
         if config.adapters:  # loaded before the server listens: a bad adapter stops the start, naming it
             self.service.served.load_directory(config.adapters, span)
         self._bind_gauges()
@@ -193,6 +199,13 @@ class PeerServer:
         except concurrent.futures.TimeoutError:
             return False
         return True
+
+    def _engine_died(self) -> None:
+        """The engine's loop is gone: answer OFFLINE and NOT_SERVING from now on, so that clients, health checks and
+        the daemon's next announcement (peers/actor.py info) stop sending work here instead of losing it."""
+        logger.critical("peer=%s engine died: serving OFFLINE", self.service.config.peer_id)
+        self.service.state = pb.PEER_STATE_OFFLINE
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _bind_gauges(self) -> None:
         m, engine, pool = self.metrics, self.engine, self.pool

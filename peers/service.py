@@ -20,7 +20,7 @@ import torch
 from peers.adapter_service import AdapterRpcs, adapter_grads
 from peers.backend import BackwardJob, ForwardJob, SpanBackend
 from peers.engine import Engine
-from peers.limits import Admission, LimitsConfig, SessionBudget, StreamBudget, client_key
+from peers.limits import Admission, LimitsConfig, RecentIds, SessionBudget, StreamBudget, client_key
 from peers.lora import AdapterCache
 from peers.metrics import PeerMetrics
 from peers.push import Inbox, Inboxes, Pusher
@@ -32,6 +32,7 @@ from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
 from swarm.codec.base import TORCH_TO_WIRE_DTYPE
 from swarm.errors import (
+    DeadlineExceeded,
     InvalidRequest,
     Overloaded,
     PeerUnavailable,
@@ -40,7 +41,13 @@ from swarm.errors import (
 )
 from swarm.security import SwarmCredentials
 
-STATE_NAMES = {pb.PEER_STATE_JOINING: "JOINING", pb.PEER_STATE_ONLINE: "ONLINE", pb.PEER_STATE_DRAINING: "DRAINING"}
+STATE_NAMES = {
+    pb.PEER_STATE_JOINING: "JOINING",
+    pb.PEER_STATE_ONLINE: "ONLINE",
+    pb.PEER_STATE_DRAINING: "DRAINING",
+    pb.PEER_STATE_OFFLINE: "OFFLINE",
+}
+RECENT_STEPS = 64  # finished step ids a session remembers (a window, not one entry per step forever)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,7 @@ class ServiceConfig:
     # FAULT INJECTION, for tests only: Gaussian noise of this std x the output's RMS is added to every output, as a
     # broken or dishonest peer would (tests/integration/security/test_verify.py). Never set it on a real peer.
     output_noise_std: float = 0.0
+    open_timeout_s: float = 10.0  # an Inference stream must send its `open` within this; it counts for nothing before
 
 
 class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
@@ -164,10 +172,9 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     async def Inference(
         self, requests: AsyncIterator[pb.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.InferenceResponse]:
-        opening = await anext(requests, None)
-        if opening is None or opening.WhichOneof("kind") != "open":
-            raise InvalidRequest("an inference stream must start with an `open` message")
+        opening = await _first_message(requests, self.config.open_timeout_s)
         client = client_key(context)
+        self.admission.request(client)  # counted once its `open` arrives (the wrapper leaves Inference alone)
         with self.admission.session(client) as budget:
             session_id, choice = self._open_session(opening.open)
             inbox = Inbox(requests, opening.open.push_token)
@@ -214,9 +221,9 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     ) -> AsyncIterator[pb.InferenceResponse]:
         chunks: dict[tuple[str, int], list[pb.Tensor]] = {}
         held = StreamBudget(self.config.stream_bytes, f"session {session_id}'s unfinished chunked steps")
-        # (step_id, position) of the steps run, at most one per token of the session (bounded by session_tokens). A
-        # step is skipped only at the position it ran at: a push that claimed a later step's id runs nothing twice.
-        done: set[tuple[int, int]] = set()
+        # (step_id, position) of the steps run already: a pushed copy and the client's own, steps apart. A step is
+        # skipped only at the position it ran at, so a push that claimed a later step's id runs nothing twice.
+        done = RecentIds(RECENT_STEPS)
         async for source, step in inbox.steps():
             if (step.step_id, step.position) in done:
                 continue  # already run: pushed by the previous peer and then sent by the client too
@@ -325,6 +332,17 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
                 "use the streaming RPC"
             )
         return msg
+
+
+async def _first_message(requests: AsyncIterator[pb.InferenceRequest], timeout_s: float) -> pb.InferenceRequest:
+    """The stream's `open`, waited for at most `timeout_s`: a stream that never opens holds nothing for long."""
+    try:
+        opening = await asyncio.wait_for(anext(requests, None), timeout_s)
+    except TimeoutError as error:
+        raise DeadlineExceeded(f"no `open` message within open_timeout_s={timeout_s:g} s") from error
+    if opening is None or opening.WhichOneof("kind") != "open":
+        raise InvalidRequest("an inference stream must start with an `open` message")
+    return opening
 
 
 @dataclass(frozen=True, slots=True)

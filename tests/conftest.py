@@ -41,6 +41,12 @@ def smollm2_path() -> Path:
 _SHM_BEFORE_SESSION: set[str] = set()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.tiers import Tiers
+
+    config.pluginmanager.register(Tiers(), "swarm-tiers")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     from swarm.training import shared_memory
 

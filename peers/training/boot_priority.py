@@ -2,7 +2,7 @@
 
 Restarting a replica costs a fresh process about 3.7 s of CPU before it serves: Ray's worker, the imports (torch,
 hivemind), hivemind's DHT and daemons, the stage's blocks and optimizer. On a host whose other replicas keep
-training, that boot used to halve the whole swarm's throughput for the 8-11 s it took (2 cores, README
+training, that boot used to halve the whole swarm's throughput for the 8-11 s it took (2 cores, docs/figures.md,
 "Training"). Under SCHED_IDLE the boot runs only on cycles nobody else wants, and any other thread that wakes up
 takes the core at once. Plain `nice 19` was measured too and does not do this: a woken replica still waited for
 the booting thread's time slice, and the swarm ran at 31 samples/s instead of 50.

@@ -1,4 +1,4 @@
-"""Training metrics of a stage replica, read from its counters at scrape time (names in README's metrics table)."""
+"""Training metrics of a stage replica, read from its counters at scrape time (names in docs/operating.md)."""
 
 from __future__ import annotations
 

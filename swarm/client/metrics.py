@@ -1,7 +1,7 @@
 """The Prometheus metrics of a client (names `swarm_client_*`): failovers, retries, step latency and refused
 outputs as the application sees them. Each model has a registry of its own; an application serves it with
-`serve()` (or sets ClientConfig.metrics_port) and lists the address in a Prometheus file-SD file (README,
-"Operating a swarm")."""
+`serve()` (or sets ClientConfig.metrics_port) and lists the address in a Prometheus file-SD file
+(docs/operating.md)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ DEFAULT_CODEC = CodecId.INT8_HADAMARD
 DEFAULT_BLOCK_SIZE = int8_hadamard.Int8Hadamard.default_block_size
 # Below this many bytes (in the tensor's own dtype) hidden states travel uncompressed by default: a decode step's
 # few KB save well under a millisecond even at 100 Mbit/s, while the 8-bit codec costs ~3 ms of CPU per hop and a
-# rounding; from ~64 KB up (a prefill, a batch of a big model) it saves more link time than it costs (README,
-# "Choosing the 8-bit codec").
+# rounding; from ~64 KB up (a prefill, a batch of a big model) it saves more link time than it costs
+# (docs/codecs.md).
 DEFAULT_COMPRESS_MIN_BYTES = 65536
 
 

@@ -1,6 +1,6 @@
 """8-bit blockwise codecs: each block of `block_size` elements is scaled by its absolute maximum.
 
-INT8_BLOCKWISE_LINEAR (the default, see README "Choosing the 8-bit codec") maps x to round(127 * x / absmax)
+INT8_BLOCKWISE_LINEAR (see docs/codecs.md) maps x to round(127 * x / absmax)
 with plain torch ops, so it runs wherever the tensor lives (CPU or CUDA) and only the int8 payload and the
 float32 scales cross to the host. INT8_BLOCKWISE_DYNAMIC stores indices into bitsandbytes' dynamic 8-bit code.
 """
@@ -110,7 +110,7 @@ def _scale_round_into(blocks: torch.Tensor, absmax: torch.Tensor, codes: torch.T
     """codes <- round(blocks * 127 / absmax), row by row; an all-zero block (absmax 0) encodes as zeros.
 
     On CPU the work goes in slices whose float32 scratch stays in cache: measured 3-4x faster on 64 MB than
-    materialising the scaled tensor (README, codec figures)."""
+    materialising the scaled tensor (docs/codecs.md)."""
     inverse = torch.where(absmax > 0, 127.0 / absmax, torch.zeros_like(absmax)).unsqueeze(1)
     rows_per_slice = blocks.shape[0] if blocks.device.type != "cpu" else max(1, CPU_SLICE_ELEMENTS // blocks.shape[1])
     scratch = torch.empty((min(rows_per_slice, blocks.shape[0]), blocks.shape[1]), device=blocks.device)

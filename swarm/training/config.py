@@ -70,7 +70,7 @@ class AveragingConfig:
     # every live replica of the stage.
     group_size: int = 0
     # Replicas keep serving during a round; what they compute meanwhile goes to the next step. Off by default until
-    # it is measured on a quiet machine and proven under churn (README, "Throughput").
+    # it is measured on a quiet machine and proven under churn (docs/training.md, "Throughput").
     overlap: bool = False
     compression: str = "none"  # gradients between replicas: none (fp32), float16, or 8bit (8 bits for big tensors)
 
@@ -121,7 +121,7 @@ class TrainConfig:
     stage_port: int | str = 0
     # Stage replicas' DHT nodes also store and serve the run's records. Off: only the bootstrap nodes (`initial_peers`,
     # or the job's own) do, so a lookup is one call rather than one to every replica; measured on 2 cores, the swarm
-    # trains 25% faster (README, "Training"). On: records outlive the bootstrap nodes.
+    # trains 25% faster (docs/figures.md, "Training"). On: records outlive the bootstrap nodes.
     stage_dht_server: bool = False
     # A replica the job starts (or Ray restarts) builds itself at idle CPU priority for at most this long: its host's
     # other replicas keep their cores meanwhile (peers/training/boot_priority.py). 0: at normal priority.

@@ -1,4 +1,4 @@
-"""A trainer's metrics (names in README's metrics table): samples trained, retried calls, live replicas per stage."""
+"""A trainer's metrics (names in docs/operating.md): samples trained, retried calls, live replicas per stage."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The commands the README shows, run as a user would."""
+"""The commands the README and docs/ show, run as a user would."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..documented import all_commands
 from .daemons import ENV, REPO_ROOT
 
 
@@ -24,12 +25,16 @@ def test_demo_generates_the_same_tokens_as_hugging_face_locally_and_through_a_sw
     assert result.stdout.count("tokens equal to Hugging Face generate on the whole model: 12/12") == 2
 
 
-def test_help_lists_the_commands() -> None:
+def test_help_lists_the_commands_the_readme_and_docs_show() -> None:
+    """`swarm --help` lists every command a fenced block of the README or docs/ runs (their subcommands and flags are
+    checked against the parser in tests/unit/test_docs.py, without a process per command)."""
     result = subprocess.run(
         [sys.executable, "-m", "swarm", "--help"], capture_output=True, text=True, timeout=60, check=True
     )
-    for command in ("demo", "convert", "convert-test-model"):
-        assert command in result.stdout
+    shown = {command.subcommand[1][0] for command in all_commands()}
+    assert len(shown) >= 10, f"too few documented commands found: {sorted(shown)}"
+    for command in sorted(shown | {"demo", "convert", "convert-test-model"}):
+        assert command in result.stdout, f"`swarm --help` does not list {command}"
 
 
 def test_convert_reports_a_missing_gguf_clearly(tmp_path: Path) -> None:

@@ -83,18 +83,18 @@ class RunningApi:
 
 
 def api_command() -> list[str]:
-    """The arguments of the `swarm api` line of the README's "Use it from any OpenAI client" section."""
-    section = (REPO_ROOT / "README.md").read_text().split("## Use it from any OpenAI client", 1)[1]
+    """The arguments of the `swarm api` line of docs/openai-api.md, the page the README links for the API."""
+    section = (REPO_ROOT / "docs" / "openai-api.md").read_text().split("# Use it from any OpenAI client", 1)[1]
     block = section.split("```bash", 1)[1].split("```", 1)[0]
     lines = [shlex.split(line, comments=True)[1:] for line in block.splitlines() if line.startswith("swarm api ")]
-    assert len(lines) == 1, f"one `swarm api` line expected in the README's API section: {lines}"
+    assert len(lines) == 1, f"one `swarm api` line expected in docs/openai-api.md: {lines}"
     return lines[0]
 
 
 @pytest.fixture(scope="session")
 def running_api(running_swarm: RunningSwarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApi]:
-    """`swarm api` as the README starts it, on the swarm's own Ray cluster, with API keys, a short wait for blocks,
-    and a second model that no peer serves."""
+    """`swarm api` as docs/openai-api.md starts it, on the swarm's own Ray cluster, with API keys, a short wait for
+    blocks, and a second model that no peer serves."""
     work = tmp_path_factory.mktemp("api")
     orphan = work / ORPHAN_MODEL
     orphan.mkdir()

@@ -11,12 +11,16 @@ from pathlib import Path
 
 import grpc
 import pytest
+import torch
 
 from peers.config import PeerConfig
+from peers.daemon import PeerDaemon
 from peers.server import ServerConfig
 from peers.stage_handle import InProcessStage, start_stage
+from swarm.errors import PeerUnavailable
+from swarm.registry import Registry
 from swarm.security import SwarmCredentials
-from swarm.types import Span
+from swarm.types import PeerState, Span
 
 
 def free_port() -> int:
@@ -63,3 +67,40 @@ def test_a_start_that_fails_raises_its_error_to_the_waiter(tmp_path: Path) -> No
     with pytest.raises(Exception, match=str(tmp_path)):
         stage.info(timeout_s=60)
     assert stage.dead_for_good()
+
+
+class Fatal(BaseException):
+    """Stands for a bug that ends the engine's loop (nothing in the engine catches a BaseException)."""
+
+
+def test_a_peer_whose_engine_died_is_announced_offline(smollm2_path: Path) -> None:
+    """Issue 35: a dead engine must not leave the peer announced ONLINE, swallowing the steps routed to it."""
+    open_swarm = SwarmCredentials.open()
+    config = PeerConfig(
+        str(smollm2_path),
+        blocks=(0, 2),
+        in_process=True,
+        server=ServerConfig(cache_tokens=256, credentials=open_swarm),
+    )
+    registry = Registry(credentials=open_swarm)
+    daemon = PeerDaemon(config, registry)
+    try:
+        daemon.launch()
+        daemon.wait_serving(120)
+        assert daemon.describe().state is PeerState.ONLINE
+        assert isinstance(daemon.stage, InProcessStage)
+        engine = daemon.stage._stage.result().server.engine
+
+        def broken_plan() -> None:
+            raise Fatal("a bug in planning")
+
+        engine._plan = broken_plan  # fault injection: the next step ends the engine's loop
+        engine.open("s", range(0, 2), 1, max_length=4)
+        with pytest.raises(PeerUnavailable):
+            engine.step("s", torch.zeros(1, 1, 576), 0).result(30)
+        assert daemon.describe().state is PeerState.OFFLINE
+    finally:
+        if daemon.stage is not None:
+            daemon.stage.kill()
+        daemon.announcer.stop()
+        registry.shutdown()

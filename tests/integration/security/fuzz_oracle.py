@@ -1,6 +1,6 @@
 """What a peer must answer to any request, computed from the request's bytes: the oracle of the fuzz test.
 
-It restates the peer's documented rules (README, "Peer RPCs, errors and metrics") for the fuzzed peer's
+It restates the peer's documented rules (docs/architecture.md, "Peer RPCs, errors and metrics") for the fuzzed peer's
 configuration (FUZZ in benchmarks/peer_process.py, blocks [0, 2)): `expect(rpc, messages)` says whether the call
 must succeed and, if so, with how many answers of which shape. Any other call must fail with an error status.
 """

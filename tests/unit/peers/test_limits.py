@@ -13,6 +13,7 @@ from peers.limits import (
     MESSAGE_OVERHEAD_BYTES,
     Admission,
     LimitsConfig,
+    RecentIds,
     SessionBudget,
     StreamBudget,
     client_key,
@@ -183,3 +184,11 @@ def test_flags_set_the_limits() -> None:
     server = PeerConfig.from_args(ns).server
     assert server.limits == LimitsConfig(3, 7.5, 9, 100, 5000)
     assert server.max_message_bytes == 65536
+
+
+def test_a_session_remembers_a_window_of_finished_step_ids_not_every_one() -> None:
+    recent = RecentIds(4)
+    for step_id in range(10_000):
+        recent.add(step_id)
+        assert step_id in recent
+    assert len(recent) == 4 and 9_996 in recent and 9_995 not in recent

@@ -20,8 +20,8 @@ def test_the_budget_bounds_an_iteration_and_long_steps_are_chunked() -> None:
 
 
 def test_steps_that_do_not_fit_wait_for_the_next_iteration() -> None:
-    chunks = plan_iteration([Ready("wide", 8, 1, order=0), Ready("one", 1, 1, order=1)], budget=4)
-    assert chunks == [Chunk("one", 1)]  # 8 sequences x 1 token do not fit a budget of 4 now
+    chunks = plan_iteration([Ready("one", 1, 1, order=0), Ready("wide", 4, 1, order=1)], budget=4)
+    assert chunks == [Chunk("one", 1)]  # 4 sequences x 1 token do not fit the 3 tokens left now
 
 
 def test_forwards_with_one_key_merge_within_the_budget_and_kinds_keep_their_priority() -> None:
@@ -45,3 +45,9 @@ def test_merging_never_compares_payloads() -> None:
         queue.add(Task(TaskKind.FORWARD, torch.ones(1, n, 4), n, key))
     assert [tuple(t.payload.shape) for t in queue.next_group()] == [(1, 3, 4), (1, 3, 4)]
     assert [tuple(t.payload.shape) for t in queue.next_group()] == [(1, 5, 4)]
+
+
+def test_the_first_ready_step_always_runs_even_wider_than_the_budget() -> None:
+    """The engine refuses such sessions at open; the plan still never leaves the oldest ready step waiting."""
+    wide, narrow = Ready("wide", rows=40, remaining=3, order=0), Ready("narrow", rows=1, remaining=2, order=1)
+    assert plan_iteration([narrow, wide], budget=32) == [Chunk("wide", 1)]

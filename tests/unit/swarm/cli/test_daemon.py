@@ -28,6 +28,7 @@ def test_a_signal_while_starting_interrupts(signum: int) -> None:
 
 def test_the_first_signal_while_serving_ends_the_wait_and_a_second_interrupts() -> None:
     with StopSignals() as signals:
+        signals.serving()
         send_soon(signal.SIGTERM)
         assert signals.wait(lambda: True, period_s=5.0) is True
         with pytest.raises(Interrupted):
@@ -71,5 +72,8 @@ def test_a_signal_that_lands_inside_the_wait_loop_always_ends_it() -> None:
     four, and never drained: CI's test_peer_footprint timed out)."""
     for _ in range(30):
         with StopSignals() as signals:
+            # Serving before the timer starts: on a loaded machine the signal can come before wait() is entered,
+            # and a signal while starting interrupts (the first test), which ended the whole pytest run.
+            signals.serving()
             send_soon(signal.SIGTERM, delay_s=0.02)
             assert signals.wait(lambda: True, period_s=0.0) is True

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from swarm.monitoring import (
@@ -88,6 +89,7 @@ class FakePoller:
     latest = SNAPSHOT
 
 
+@pytest.mark.integration  # it opens sockets or starts a process (tests/tiers.py)
 def test_monitor_answers_the_page_the_json_and_metrics() -> None:
     server = MonitorServer(FakePoller(), port=0, refresh_s=1.5)  # type: ignore[arg-type]
     try:

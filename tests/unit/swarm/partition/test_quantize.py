@@ -139,6 +139,7 @@ def test_an_unknown_quant_is_refused_with_the_choices() -> None:
         check_quant("fp8")
 
 
+@pytest.mark.integration  # it opens sockets or starts a process (tests/tiers.py)
 def test_dry_run_plans_llama_2_70b_in_nf4_from_its_config_alone(tmp_path: Path) -> None:
     """`swarm peer join --dry-run` on a directory holding only config.json: no weights read, no Ray, no DHT."""
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_2_70B))

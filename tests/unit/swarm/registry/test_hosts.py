@@ -37,6 +37,7 @@ def test_a_concrete_host_announces_itself_unless_told_otherwise():
     assert HostConfig("0.0.0.0", "peer.example.org").announced() == "peer.example.org"
 
 
+@pytest.mark.integration  # it opens sockets or starts a process (tests/tiers.py)
 def test_a_wildcard_announces_the_address_routed_toward_the_swarm():
     routed = HostConfig("0.0.0.0").announced(toward="127.0.0.2")
     assert routed.startswith("127.")  # the loopback interface routes 127.0.0.0/8
@@ -86,6 +87,7 @@ def test_address_formats():
     assert multiaddr_host("/p2p/Qm") is None
 
 
+@pytest.mark.integration  # it opens sockets or starts a process (tests/tiers.py)
 def test_dht_listens_and_announces_the_same_address_unless_told_otherwise():
     assert dht_multiaddrs(HostConfig("127.0.0.2"), 0, []) == (["/ip4/127.0.0.2/tcp/0"], None)
     listen, announce = dht_multiaddrs(HostConfig("127.0.0.2", "198.51.100.4"), 0, [])
@@ -97,6 +99,7 @@ def test_dht_listens_and_announces_the_same_address_unless_told_otherwise():
     assert announce is not None and announce[0].startswith("/ip4/127.") and announce[0].endswith("/tcp/4100")
 
 
+@pytest.mark.integration  # it opens sockets or starts a process (tests/tiers.py)
 def test_self_check_warns_only_when_its_own_address_refuses(caplog):
     with socket.create_server(("127.0.0.2", 0)) as listening:
         port = listening.getsockname()[1]

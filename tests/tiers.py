@@ -1,0 +1,174 @@
+"""The suite's tiers, as pytest markers given by where a test lives; loaded by tests/conftest.py.
+
+- `unit`: no processes, no network, no model beyond tiny random ones (tests/unit, less the few that start a
+  process: UNIT_MODULES_THAT_START_PROCESSES).
+- `integration`: real Ray, gRPC, DHT and peers on 127.0.0.1 (tests/integration, less SYSTEM_MODULES).
+- `system`: network namespaces, chaos, convergence, fuzzing, churn, CUDA (SYSTEM_MODULES and tests/chaos,
+  tests/cuda).
+
+A test may name its tier itself (`@pytest.mark.integration`): a unit module's one test that starts a process.
+In the unit tier, starting a process or binding or connecting an internet socket fails the test (TierViolation).
+
+`make test` runs every tier in one pytest run, unit first, and prints each tier's time at the end;
+`make test-unit`, `make test-integration` and `make test-system` run one (`pytest -m unit`, ...).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TIERS = ("unit", "integration", "system")
+TESTS_ROOT = Path(__file__).resolve().parent
+
+# Modules under tests/unit that start a process or a server: they are integration tests by what they run.
+UNIT_MODULES_THAT_START_PROCESSES = frozenset(
+    {
+        "unit/swarm/test_ray_cluster.py",
+        "unit/swarm/test_ray_reaper.py",
+        "unit/test_client_stands_alone.py",
+        "unit/test_dashboard_schema.py",
+        "unit/training/test_boot_priority.py",
+        "unit/training/test_shared_memory.py",
+        "unit/training/test_stage_boot_imports.py",
+        "unit/swarm/test_proto_generated.py",
+    }
+)
+SYSTEM_DIRECTORIES = ("chaos/", "cuda/")
+SYSTEM_MODULES = frozenset(
+    {
+        "integration/cluster/test_netns_link.py",
+        "integration/cluster/test_netns_private.py",
+        "integration/cluster/test_netns_swarm.py",
+        "integration/cluster/test_netns_training.py",
+        "integration/security/test_fuzz.py",
+        "integration/security/test_load.py",
+        "integration/peers/test_finetune_churn.py",
+        "integration/training/test_training_swarm.py",
+    }
+)
+
+
+def tier_of(path: Path) -> str:
+    """The tier of the test module at `path`, from where it lives."""
+    relative = path.resolve().relative_to(TESTS_ROOT).as_posix()
+    if relative in SYSTEM_MODULES or relative.startswith(SYSTEM_DIRECTORIES):
+        return "system"
+    if relative.startswith("unit/") and relative not in UNIT_MODULES_THAT_START_PROCESSES:
+        return "unit"
+    return "integration"
+
+
+@dataclass(slots=True)
+class TierTally:
+    tests: int = 0
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0  # setup + call + teardown of its tests
+
+
+class Tiers:
+    """Marks and orders the collected tests by tier, and reports each tier's counts and time."""
+
+    def __init__(self) -> None:
+        self.tier_by_test: dict[str, str] = {}
+        self.tallies: dict[str, TierTally] = defaultdict(TierTally)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        for item in items:
+            marked = [tier for tier in TIERS if item.get_closest_marker(tier) is not None]
+            tier = marked[0] if marked else tier_of(Path(str(item.path)))
+            if not marked:
+                item.add_marker(getattr(pytest.mark, tier))
+            self.tier_by_test[item.nodeid] = tier
+        # Cheap tiers first: a broken unit test is reported in minutes. sort() is stable, so a module's tests stay
+        # together and its module-scoped fixtures are built once.
+        items.sort(key=lambda item: TIERS.index(self.tier_by_test[item.nodeid]))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+        if self.tier_by_test.get(item.nodeid) != "unit":
+            return (yield)
+        with _no_processes_or_network(item.nodeid):
+            return (yield)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        tier = self.tier_by_test.get(report.nodeid)
+        if tier is None:
+            return
+        tally = self.tallies[tier]
+        tally.seconds += report.duration
+        if report.when == "setup":
+            tally.tests += 1
+            if report.skipped:
+                tally.skipped += 1
+            elif report.failed:
+                tally.failed += 1
+        elif report.when == "call":
+            if report.passed:
+                tally.passed += 1
+            elif report.failed:
+                tally.failed += 1
+            elif report.skipped:
+                tally.skipped += 1
+        elif report.when == "teardown" and report.failed:
+            tally.failed += 1
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.tallies:
+            return
+        terminalreporter.section("tiers")
+        header = f"{'tier':<12} {'tests':>6} {'passed':>7} {'failed':>7} {'skipped':>8} {'time':>9}"
+        terminalreporter.write_line(header)
+        for tier in TIERS:
+            if tier in self.tallies:
+                t = self.tallies[tier]
+                terminalreporter.write_line(
+                    f"{tier:<12} {t.tests:>6} {t.passed:>7} {t.failed:>7} {t.skipped:>8} {_minutes(t.seconds):>9}"
+                )
+
+
+class TierViolation(RuntimeError):
+    """A unit test started a process or opened a network socket: move it to the integration tier."""
+
+
+@contextmanager
+def _no_processes_or_network(nodeid: str) -> Iterator[None]:
+    """Keep the unit tier honest: starting a process or binding/connecting an internet socket fails the test."""
+
+    def refuse(what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise TierViolation(f"{nodeid} is in the unit tier but {what}: list it in tests/tiers.py")
+
+        return refused
+
+    def inet_only(original: Any, what: str) -> Any:
+        def guarded(sock: socket.socket, *args: Any, **kwargs: Any) -> Any:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                raise TierViolation(f"{nodeid} is in the unit tier but {what}: list it in tests/tiers.py")
+            return original(sock, *args, **kwargs)
+
+        return guarded
+
+    saved = (subprocess.Popen._execute_child, socket.socket.bind, socket.socket.connect)  # type: ignore[attr-defined]
+    subprocess.Popen._execute_child = refuse("starts a process")  # type: ignore[attr-defined]
+    socket.socket.bind = inet_only(saved[1], "binds a network socket")  # type: ignore[method-assign]
+    socket.socket.connect = inet_only(saved[2], "connects a network socket")  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child, socket.socket.bind, socket.socket.connect = saved  # type: ignore[attr-defined]
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
