@@ -218,6 +218,8 @@ def _open_ok(opening: pb.InferenceOpen) -> bool:
         return False
     if not 1 <= opening.max_length <= FUZZ.max_session_length or opening.batch_size < 1 or opening.adapter:
         return False  # the fuzzed peers serve no named adapter
+    if opening.batch_size > FUZZ.max_batch_tokens:
+        return False  # one token of every row must fit one engine iteration (issue 35, item 2)
     # The engine admits a session whose every sequence could grow to max_length within the whole pool, in pages.
     pages = opening.batch_size * -(-opening.max_length // FUZZ.page_size)
     fits = pages <= -(-FUZZ.cache_tokens // FUZZ.page_size)
