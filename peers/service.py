@@ -244,15 +244,11 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
             encoded = self._encode(output, choice)
             self.metrics.latency.labels(rpc="Inference").observe(time.perf_counter() - started)
             done.add((step.step_id, step.position))
-            inbox.fence.length = step.position + hidden.shape[1]  # before the answer: the next push appends here
+            length = inbox.fence.length = step.position + hidden.shape[1]  # before the answer: pushes append here
             pushed = await self.pusher.send(step, encoded)
             for chunk in split(encoded, self.config.max_message_bytes):
                 yield pb.InferenceResponse(
-                    step_id=step.step_id,
-                    position=step.position + hidden.shape[1],
-                    hidden_states=chunk,
-                    pushed=pushed,
-                    fenced=True,
+                    step_id=step.step_id, position=length, hidden_states=chunk, pushed=pushed, fenced=True
                 )
 
     # ---- info and health ----

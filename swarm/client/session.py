@@ -154,8 +154,7 @@ class InferenceSession:
                 if must_send:
                     # A reordering or rolling-back step is not pushed: a peer takes those from its client alone
                     # (peers/push.py's PushFence), and a reorder must not be seen twice after a failover.
-                    rolls_back = self.position < self._length
-                    push_to = [] if verify or hypo or rolls_back else self._push_targets(index + 1)
+                    push_to = [] if verify or hypo or self.position < self._length else self._push_targets(index + 1)
                     state.session.send(hidden, self.position, step_id, push_to, hypo)
                 waited = time.monotonic() - since
                 like_s = None if must_send else previous_s  # a pushed step may have been lost: see HopPace
@@ -188,8 +187,7 @@ class InferenceSession:
         if hypo and self._verifier is not None:  # the shadows' caches follow the old rows: they start over
             for state in self._hops:
                 self._verifier.forget(state.hop)
-        self.position += hidden.shape[1]
-        self._length = self.position
+        self.position = self._length = self.position + hidden.shape[1]
         self.metrics.step_latency.observe(time.perf_counter() - started)
         return hidden
 

@@ -23,8 +23,7 @@ V = pb.PROTOCOL_VERSION_CURRENT
 U32, U64 = 2**32 - 1, 2**64 - 1
 CHUNK_HEADER_BYTES = 1200  # what chunking.split needs beside the data (header allowance, shape, field tags)
 # Fuzzer.pushes: what a push into a live session it does not own tries (fuzz_oracle.push_must_refuse says why not)
-PUSH_KINDS = ("no token", "unknown token", "past epoch", "rollback", "skip ahead", "hypo_ids", "foreign push_to")
-PUSH_KINDS += ("mutated",)
+PUSH_KINDS = ("no token", "unknown token", "past epoch", "rollback", "skip ahead", "hypo_ids", "redirect", "mutated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,16 +233,15 @@ class Fuzzer:
         for _ in range(count):
             kind = self.r.choice(PUSH_KINDS)
             token = {"no token": b"", "unknown token": self.r.randbytes(16)}.get(kind, past_token)
-            step = pb.InferenceStep(
-                step_id=self.r.choice([0, 1, 2, U64]), position=length, hidden_states=self.valid_tensor(batch, 1)
-            )
+            step = pb.InferenceStep(step_id=self.r.choice([0, 1, 2, U64]), hidden_states=self.valid_tensor(batch, 1))
+            step.position = length
             if kind == "rollback":
                 step.position = self.r.randrange(length)
             elif kind == "skip ahead":
                 step.position = length + self.r.randint(1, 8)
             elif kind == "hypo_ids":
                 step.hypo_ids.extend(self.r.randrange(batch) for _ in range(batch))
-            elif kind == "foreign push_to":
+            elif kind == "redirect":
                 step.push_to.add(address=f"10.{self.r.randrange(256)}.0.1:9", session_id="x", push_token=b"y")
             request = pb.PushRequest(protocol_version=V, session_id=session_id, step=step, push_token=token)
             messages: list = [request]

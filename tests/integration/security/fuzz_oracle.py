@@ -235,6 +235,6 @@ def push_must_refuse(kind: str) -> str:
         "rollback": "a position below the cache length",
         "skip ahead": "a position past the cache length",
         "hypo_ids": "a reorder",
-        "foreign push_to": "a redirect by a fenced-off peer",
+        "redirect": "a redirect by a fenced-off peer",
         "mutated": "a mangled push without the current token",
     }[kind]
