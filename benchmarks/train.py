@@ -50,7 +50,7 @@ def run_local(config) -> dict:
 
 
 def run_swarm(config, deadline_s: float, churn_period_s: float | None = None) -> dict:
-    from swarm.training.job import TrainingJob
+    from peers.training.job import TrainingJob
 
     job = TrainingJob(config)
     churn = None

@@ -1,11 +1,21 @@
 """The peer daemon: hosts a span of blocks in a Ray actor, serves it over gRPC, announces it in the DHT.
 
 config.py: PeerConfig; daemon.py: PeerDaemon (DHT membership, drain); actor.py: StagePeer (the Ray actor);
-server.py: PeerServer (gRPC server + health); service.py: the Peer servicer; handlers.py: its registration, with
-lenient request parsing; limits.py: per-client admission (sessions, request rate, tokens, bytes); scheduler.py:
-what runs next; backend.py: the blocks on tensors; kv_cache.py: the session cache pool; metrics.py: Prometheus;
-placement.py: which blocks to take and whether to move; memory.py: how many blocks fit; rebalance.py: the periodic
-move check; launch.py: Ray; local_swarm.py: the embedded default (`swarm up`); training/: SWARM training stages.
+stage_handle.py: the stage in a Ray actor or in this process, behind one handle; server.py: PeerServer (gRPC server +
+health); serving_loop.py: the asyncio loop the servers' streams run on; service.py: the Peer servicer (decode,
+validate, call, encode); handlers.py: its registration, with lenient request parsing; rpc_status.py: the one error
+table applied to every handler; limits.py: per-client admission (sessions, request rate, tokens, bytes); push.py:
+session inboxes, their push fence and the push to the next peer; push_targets.py: the next peers it may push to.
+The token path below the service: engine.py: the loop (schedule, run, complete futures); engine_state.py: what it
+keeps per session and step; engine_pages.py: pages per iteration (admission, preemption, beams, idle closes);
+scheduler.py: what runs next (token budget, chunking, forward batching); model_runner.py: one ragged batch per
+iteration through the span; paged_attention.py: attention over the pages; kv_cache.py: the page pool and page
+tables; backend.py: forward and backward tasks on tensors.
+Adapters: lora.py: LoRA deltas on a span's linear layers and the uploads' cache; adapter_service.py: LoadAdapter;
+adapter_budget.py: bytes of uploads per uploader; served_adapters.py: named adapters for inference sessions.
+metrics.py: Prometheus; placement.py: which blocks to take and whether to move; memory.py: how many blocks fit;
+rebalance.py: the periodic move check; launch.py: Ray; local_swarm.py: the embedded default (`swarm up`);
+training/: SWARM training stages.
 
 The names below are imported on first use: a training stage (peers.training) starts without the inference server's
 modules, and a restarted stage replica is serving seconds sooner.
@@ -21,7 +31,7 @@ _EXPORTS = {
     "PeerDaemon": "peers.daemon",
     "LocalSwarm": "peers.local_swarm",
     "PeerServer": "peers.server",
-    "ServerConfig": "peers.server",
+    "ServerConfig": "peers.config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,8 @@
-"""PeerConfig: everything a peer daemon is told, typed and in one place (built from CLI flags)."""
+"""PeerConfig: everything a peer daemon is told, typed and in one place (built from CLI flags), with its parts:
+ServerConfig (the gRPC server and its engine), LimitsConfig (what one client may take) and PlacementConfig.
+
+Plain records that import nothing of the peer's own machinery (server, engine, memory), so that those can name
+them and the CLI can read their defaults."""
 
 from __future__ import annotations
 
@@ -6,13 +10,73 @@ import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from peers.limits import LimitsConfig
-from peers.server import ServerConfig
 from swarm.partition.quantize import QUANT_MODES
+from swarm.registry.hosts import LOOPBACK, HostConfig
 from swarm.security import SwarmCredentials
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on CUDA (float16 without bf16), float32 on CPU
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """What one client may take of a peer. Defaults leave room for a busy honest client (a generation step is one
+    request; a replay of 1,024 tokens is one more) and stop one that would starve the others."""
+
+    sessions_per_client: int = 16  # inference sessions one client may hold open on this peer at once
+    requests_per_s: float = 500.0  # sustained per client: RPCs plus inference steps (token-bucket refill rate)
+    request_burst: int = 1000  # per client: requests allowed at once above the sustained rate (bucket size)
+    session_tokens: int = 1 << 20  # batch x new tokens one session may run, replays and rollbacks included
+    stream_bytes: int = 0  # bytes of one chunked tensor, MESSAGE_OVERHEAD_BYTES (limits.py) per chunk in; 0: derived
+    # LoRA tensors uploaded to the peer (LoadAdapter: fine-tuning copies and published served adapters; not the
+    # operator's --adapters), per client and in all. peers/adapter_budget.py charges them.
+    adapter_bytes_per_client: int = 256 << 20
+    adapter_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        positive = ("sessions_per_client", "requests_per_s", "request_burst", "session_tokens")
+        for name in (*positive, "adapter_bytes_per_client", "adapter_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.stream_bytes < 0:
+            raise ValueError(f"stream_bytes must be >= 0 (0: derived), got {self.stream_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = LOOPBACK  # address the gRPC server binds (0.0.0.0: every interface)
+    announce_host: str = ""  # address others dial; "": host, or for 0.0.0.0 the routed one (swarm/registry/hosts.py)
+    port: int = 0  # 0: any free port
+    max_message_bytes: int = 4 << 20  # gRPC's own default; bigger tensors are chunked on the stream RPCs
+    max_request_tokens: int = 8192  # batch x seq of one request
+    max_batch_tokens: int = 2048  # tokens one engine iteration (or one merged forward) computes at most
+    # The KV-cache pool, allocated at start as pages of page_size tokens: cache_gib GiB, or cache_tokens tokens, or
+    # (both None) what the device has free once the weights are loaded (peers/memory.py's kv_pool_pages)
+    cache_tokens: int | None = None
+    cache_gib: float | None = None
+    page_size: int = 16  # tokens per KV page
+    max_session_length: int = 8192
+    session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
+    max_sessions: int = 1024  # open inference sessions; each is a coroutine on the serving loop, not a thread
+    rpc_threads: int = 32  # threads for the plain RPCs (Forward, Backward, Info, Health) running at once
+    limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
+    output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
+    open_timeout_s: float = 10.0  # an Inference stream that sends no `open` within this is ended
+    adapters: str = ""  # a directory of peft LoRA adapters to serve by name, one per subdirectory; "" for none
+    # SwarmCredentials.load(DIR) for a private swarm, SwarmCredentials.open() for an open one; None refuses to serve
+    credentials: SwarmCredentials | None = None
+
+    def __post_init__(self) -> None:
+        HostConfig(self.host, self.announce_host)  # raises InvalidArgument naming the flag
+        positive = ("max_request_tokens", "max_batch_tokens", "cache_tokens", "page_size", "max_session_length")
+        for name in (*positive, "max_sessions", "rpc_threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cache_gib is not None and self.cache_gib <= 0:
+            raise ValueError(f"cache_gib must be positive, got {self.cache_gib}")
+        if self.session_idle_s <= 0:
+            raise ValueError(f"session_idle_s must be positive, got {self.session_idle_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +156,16 @@ class PeerConfig:
     def from_args(cls, ns: argparse.Namespace) -> PeerConfig:
         """Raises CredentialsError unless --credentials DIR or --open was given."""
         limits = LimitsConfig(
-            sessions_per_client=ns.sessions_per_client,
-            requests_per_s=ns.requests_per_s,
-            request_burst=ns.request_burst,
-            session_tokens=ns.session_tokens,
-            stream_bytes=ns.stream_bytes,
+            **given(
+                ns,
+                "sessions_per_client",
+                "requests_per_s",
+                "request_burst",
+                "session_tokens",
+                "stream_bytes",
+                "adapter_bytes_per_client",
+                "adapter_bytes",
+            )
         )
         server = ServerConfig(
             host=ns.host,
@@ -104,11 +173,7 @@ class PeerConfig:
             port=ns.port,
             cache_tokens=ns.cache_tokens,
             cache_gib=ns.cache_gib,
-            page_size=ns.page_size,
-            max_batch_tokens=ns.max_batch_tokens,
-            session_idle_s=ns.session_idle_s,
-            max_sessions=ns.max_sessions,
-            max_message_bytes=ns.max_message_bytes,
+            **given(ns, "page_size", "max_batch_tokens", "session_idle_s", "max_sessions", "max_message_bytes"),
             limits=limits,
             credentials=SwarmCredentials.choose(ns.credentials, ns.open),
             adapters=str(getattr(ns, "adapters", None) or ""),
@@ -116,8 +181,7 @@ class PeerConfig:
         placement = PlacementConfig(
             memory_gib=ns.memory_gib,
             rebalance=ns.rebalance,
-            rebalance_period_s=ns.rebalance_period,
-            rebalance_margin=ns.rebalance_margin,
+            **given(ns, rebalance_period_s="rebalance_period", rebalance_margin="rebalance_margin"),
         )
         return cls(
             model_path=str(ns.model),
@@ -141,6 +205,13 @@ class PeerConfig:
             server=server,
             placement=placement,
         )
+
+
+def given(ns: argparse.Namespace, *names: str, **renamed: str) -> dict[str, Any]:
+    """The config fields whose flags were given (`name`, or `field="flag"` where the names differ). A flag left
+    out is None (swarm/cli/_peer_flags.py) and its field keeps the dataclass's default: defaults are written once."""
+    flags = {name: name for name in names} | renamed
+    return {field: getattr(ns, flag) for field, flag in flags.items() if getattr(ns, flag, None) is not None}
 
 
 def parse_resources(text: str | None) -> tuple[tuple[str, float], ...]:

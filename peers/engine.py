@@ -20,13 +20,12 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from peers.engine_pages import SessionPages
-from peers.engine_state import EngineSession, Step
+from peers.engine_state import EngineConfig, EngineSession, Step
 from peers.kv_cache import Sequence
 from peers.lora import LoraWeights
 from peers.metrics import PeerMetrics
@@ -48,12 +47,6 @@ logger = logging.getLogger(__name__)
 Handler = Callable[[list[Any]], list[Any]]  # payloads of one task group -> one result per payload
 LostHandler = Callable[[str, SwarmError], None]  # a session the engine closed on its own, and why
 REAP_PERIOD_S = 1.0  # how often the loop looks for idle sessions when nothing else wakes it
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    max_batch_tokens: int = 2048  # tokens one iteration (or one merged forward) computes at most
-    session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
 
 
 class Engine(SessionPages):

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from peers.engine_state import EngineSession, Step, admission_order
+from peers.engine_state import EngineConfig, EngineSession, Step, admission_order
 from peers.kv_cache import PagePool, copies_needed, reorder
 from peers.metrics import PeerMetrics
 from peers.scheduler import Chunk, Ready, plan_iteration, reject
 from swarm.errors import Overloaded, SessionNotFound, SwarmError
-
-if TYPE_CHECKING:
-    from peers.engine import EngineConfig
 
 Lost = tuple[str, SwarmError]  # a session the engine closed on its own, and why
 

@@ -1,5 +1,5 @@
-"""What the engine (peers/engine.py) keeps per open session and per queued step; it alone changes them, under its
-lock."""
+"""What the engine (peers/engine.py) keeps per open session and per queued step, which it alone changes under its
+lock, and its config (here so that peers/engine_pages.py can name it without importing the engine)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ import torch
 from peers.kv_cache import Sequence
 from peers.lora import LoraWeights
 from peers.scheduler import running_future
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_batch_tokens: int = 2048  # tokens one iteration (or one merged forward) computes at most
+    session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
 
 
 @dataclass(slots=True, eq=False)

@@ -36,7 +36,7 @@ class PoolShape:
     @classmethod
     def for_span(cls, span: BlockSpan, num_pages: int, page_size: int) -> PoolShape:
         """`num_pages` pages of `page_size` tokens for every block of `span`."""
-        return cls(span.end - span.start, num_pages, page_size, span.cfg.num_kv_heads, span.cfg.head_dim)
+        return cls(span.end - span.start, num_pages, page_size, *span.kv_shape)
 
     def pages_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.page_size)

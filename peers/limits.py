@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
+from peers.config import LimitsConfig
 from swarm.errors import LimitExceeded
 from swarm.security import authenticated_member
 
@@ -22,25 +23,6 @@ CLIENT_METADATA = "x-swarm-client"  # optional name a caller gives itself (sever
 MAX_CLIENT_NAME = 64  # characters of that name kept: a key, not a place to store data
 MAX_TRACKED_CLIENTS = 4096  # rate buckets kept before full (idle) ones are forgotten
 MESSAGE_OVERHEAD_BYTES = 1024  # what each message of a stream costs on top of its bytes (parsing, bookkeeping)
-
-
-@dataclass(frozen=True, slots=True)
-class LimitsConfig:
-    """What one client may take of a peer. Defaults leave room for a busy honest client (a generation step is one
-    request; a replay of 1,024 tokens is one more) and stop one that would starve the others."""
-
-    sessions_per_client: int = 16  # inference sessions one client may hold open on this peer at once
-    requests_per_s: float = 500.0  # sustained per client: RPCs plus inference steps (token-bucket refill rate)
-    request_burst: int = 1000  # per client: requests allowed at once above the sustained rate (bucket size)
-    session_tokens: int = 1 << 20  # batch x new tokens one session may run, replays and rollbacks included
-    stream_bytes: int = 0  # bytes of one chunked tensor, MESSAGE_OVERHEAD_BYTES per chunk included; 0: derived
-
-    def __post_init__(self) -> None:
-        for name in ("sessions_per_client", "requests_per_s", "request_burst", "session_tokens"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.stream_bytes < 0:
-            raise ValueError(f"stream_bytes must be >= 0 (0: derived), got {self.stream_bytes}")
 
 
 def stream_bytes_for(max_request_tokens: int, hidden_size: int, max_message_bytes: int) -> int:
@@ -71,6 +53,20 @@ def client_key(context: Caller) -> str:
         if key == CLIENT_METADATA and value:
             text = value.decode(errors="replace") if isinstance(value, bytes) else value
             return f"name:{text[:MAX_CLIENT_NAME]}"
+    return _host(context)
+
+
+def uploader_key(context: Caller) -> str:
+    """Who owns an upload (peers/adapter_budget.py): in a private swarm the authenticated member, as client_key
+    says; in an open one the host of the caller's address, plus its x-swarm-client name if it gives one
+    (`ipv4:10.0.0.7/name:alice`). Unlike client_key, a name alone is never enough: it is self-declared, and another
+    host must not reach a caller's uploads by claiming that name."""
+    key = client_key(context)
+    return f"{_host(context)}/{key}" if key.startswith("name:") else key
+
+
+def _host(context: Caller) -> str:
+    """The host part of the caller's address (`ipv4:127.0.0.1`), or the whole address if it has no port."""
     address = context.peer() or "unknown"
     host, _, port = address.rpartition(":")
     return host if host and port.isdigit() else address

@@ -10,10 +10,9 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-from peers.config import PeerConfig
+from peers.config import PeerConfig, ServerConfig
 from peers.daemon import PeerDaemon, drain
 from peers.launch import publish_initial_peers
-from peers.server import ServerConfig
 from swarm.partition import open_checkpoint
 from swarm.ray_cluster import connect_ray
 from swarm.registry import Registry

@@ -1,5 +1,5 @@
-"""LoRA adapters on a peer: the uploaded copies of clients' adapters (kept per id, one version each) and their
-application to the span's linear layers for one forward or backward.
+"""LoRA adapters on a peer: the uploaded copies of clients' adapters (kept per uploader and id, one version each,
+within a byte budget) and their application to the span's linear layers for one forward or backward.
 
 The client owns the trainable tensors and the optimizer (swarm/finetune/lora.py); a peer is stateless compute with
 a cache, so a peer's death loses nothing. The math is peft's LoRA `Linear`: output = base(x) + B(A(x)) * scaling
@@ -9,8 +9,9 @@ a cache, so a peer's death loses nothing. The math is peft's LoRA `Linear`: outp
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -18,6 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from peers.adapter_budget import TOTAL, AdapterBudget
+from peers.limits import LimitsConfig
 from swarm.client.lora import TARGETS  # peft's target names -> their paths inside a block, one table for both sides
 from swarm.errors import AdapterNotFound, InvalidRequest
 
@@ -28,6 +31,7 @@ MAX_RANK = 256  # a bigger rank is no longer low: refuse it rather than hold it
 class AdapterKey:
     adapter_id: str
     version: int
+    owner: str = ""  # the uploader (peers/limits.py uploader_key); "" for an operator's adapter
 
 
 @dataclass(slots=True)
@@ -39,6 +43,10 @@ class LoraWeights:
     end: int
     scaling: float
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # lora_A [rank, in], lora_B [out, rank]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(tensor.numel() * tensor.element_size() for tensor in self.tensors.values())
 
     def covers(self, blocks: range) -> bool:
         return self.start <= blocks.start and blocks.stop <= self.end
@@ -65,32 +73,71 @@ def parse_name(name: str, start: int, end: int) -> tuple[int, str]:
     return int(block), path
 
 
-class AdapterCache:
-    """The adapters uploaded to this peer: the latest version of each id, least recently used evicted first."""
+IDLE_EVICT_S = 600.0  # another client's upload unused this long may make room (its client re-uploads on return)
 
-    def __init__(self, max_adapters: int = 16) -> None:
-        self.max_adapters = max_adapters
-        self._held: OrderedDict[str, LoraWeights] = OrderedDict()
+
+@dataclass(slots=True)
+class _Held:
+    weights: LoraWeights
+    used: float  # clock() when last stored or looked up
+
+
+class AdapterCache:
+    """The adapters uploaded to this peer for fine-tuning, kept per uploader (peers/limits.py uploader_key): the
+    latest version of each of its ids, charged to `budget` in bytes. An uploader's own least recently used uploads
+    make room for its new ones; another uploader's only once unused for IDLE_EVICT_S. So no client can replace,
+    read or evict another's: two clients' ids never meet."""
+
+    def __init__(self, budget: AdapterBudget | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget = budget or AdapterBudget(LimitsConfig().adapter_bytes_per_client, LimitsConfig().adapter_bytes)
+        self.clock = clock
+        self._held: OrderedDict[tuple[str, str], _Held] = OrderedDict()  # (owner, adapter id), least recent first
         self._lock = threading.Lock()  # the service stores, the engine's thread reads
 
-    def put(self, weights: LoraWeights) -> None:
-        with self._lock:
-            self._held.pop(weights.key.adapter_id, None)
-            self._held[weights.key.adapter_id] = weights
-            while len(self._held) > self.max_adapters:
-                self._held.popitem(last=False)
+    def put(self, owner: str, weights: LoraWeights) -> None:
+        """Hold `weights` for `owner`, replacing its earlier version of that id.
 
-    def get(self, key: AdapterKey, blocks: range) -> LoraWeights:
-        """The upload of exactly `key` covering `blocks`. Raises AdapterNotFound: upload it, then call again."""
+        Raises:
+            LimitExceeded: "adapter_bytes_per_client" or "adapter_bytes" when no upload may make room.
+        """
+        key, size = (owner, weights.key.adapter_id), weights.nbytes
         with self._lock:
-            weights = self._held.get(key.adapter_id)
-            if weights is None or weights.key != key or not weights.covers(blocks):
+            old = self._held.pop(key, None)
+            if old is not None:
+                self.budget.give_back(owner, old.weights.nbytes)
+            self._make_room(owner, size)
+            self.budget.take(owner, size)
+            self._held[key] = _Held(weights, self.clock())
+
+    def get(self, owner: str, key: AdapterKey, blocks: range) -> LoraWeights:
+        """`owner`'s upload of exactly `key` covering `blocks`. Raises AdapterNotFound: upload it, then call again."""
+        with self._lock:
+            held = self._held.get((owner, key.adapter_id))
+            if held is None or held.weights.key != key or not held.weights.covers(blocks):
                 raise AdapterNotFound(
                     f"adapter {key.adapter_id!r} version {key.version} for blocks [{blocks.start}, {blocks.stop}) "
                     "is not held here: upload it (LoadAdapter)"
                 )
-            self._held.move_to_end(key.adapter_id)
-            return weights
+            held.used = self.clock()
+            self._held.move_to_end((owner, key.adapter_id))
+            return held.weights
+
+    def _make_room(self, owner: str, size: int) -> None:
+        """Evict, least recently used first, what may go until `size` more bytes fit: for the per-client limit
+        the owner's own uploads; for the total also other owners' idle ones. Leaves it to take() to refuse."""
+        idle_before = self.clock() - IDLE_EVICT_S
+        while (limit := self.budget.shortfall(owner, size)) is not None:
+            victim = next(
+                (
+                    key
+                    for key, held in self._held.items()
+                    if key[0] == owner or (limit == TOTAL and held.used < idle_before)
+                ),
+                None,
+            )
+            if victim is None:
+                return
+            self.budget.give_back(victim[0], self._held.pop(victim).weights.nbytes)
 
 
 def check_shapes(span: nn.Module, weights: LoraWeights) -> None:

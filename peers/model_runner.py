@@ -30,7 +30,7 @@ class Piece:
 class ModelRunner:
     def __init__(self, span: BlockSpan, pool: PagePool) -> None:
         self.span, self.pool = span, pool
-        self.group = span.cfg.num_heads // span.cfg.num_kv_heads
+        self.group = span.cfg.num_heads // span.kv_shape[0]  # query heads per KV head
 
     @torch.inference_mode()
     def run(self, pieces: list[Piece], blocks: range) -> list[torch.Tensor]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from peers.kv_cache import PagePool
+from swarm.partition.layers import ScoreRule, attention
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,20 +97,21 @@ class PagedLayer:
         self.keys, self.values = pool.keys[layer], pool.values[layer]  # [slots, kv_heads, head_dim]
         self.page_size, self.batch = pool.page_size, batch
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [1, heads, tokens, d]; k, v [1, kv_heads, tokens, d] for the flat batch -> [1, heads, tokens, d]."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: ScoreRule | None = None) -> torch.Tensor:
+        """q [1, heads, tokens, d]; k, v [1, kv_heads, tokens, d] for the flat batch -> [1, heads, tokens, d];
+        scores formed by `rule` (None: SDPA's)."""
         batch = self.batch
         self.keys.index_copy_(0, batch.slots, k[0].transpose(0, 1))
         self.values.index_copy_(0, batch.slots, v[0].transpose(0, 1))
         queries = q[0]  # [heads, tokens, d]
         kv_heads = k.shape[1]
         if batch.decode is not None and not batch.pieces:  # decode steps only: every token, in order
-            return self._decode(queries, batch.decode, kv_heads, whole_batch=True).unsqueeze(0)
+            return self._decode(queries, batch.decode, kv_heads, rule, whole_batch=True).unsqueeze(0)
         out = torch.empty_like(queries)
         if batch.decode is not None:
-            out[:, batch.decode.tokens] = self._decode(queries, batch.decode, kv_heads)
+            out[:, batch.decode.tokens] = self._decode(queries, batch.decode, kv_heads, rule)
         for piece in batch.pieces:
-            out[:, piece.start : piece.start + piece.length] = self._piece(queries, piece, kv_heads)
+            out[:, piece.start : piece.start + piece.length] = self._piece(queries, piece, kv_heads, rule)
         return out.unsqueeze(0)
 
     def _paged(self, store: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
@@ -119,7 +120,12 @@ class PagedLayer:
         return by_page.flatten(-4, -3)
 
     def _decode(
-        self, queries: torch.Tensor, group: DecodeGroup, kv_heads: int, whole_batch: bool = False
+        self,
+        queries: torch.Tensor,
+        group: DecodeGroup,
+        kv_heads: int,
+        rule: ScoreRule | None,
+        whole_batch: bool = False,
     ) -> torch.Tensor:
         heads, _, dim = queries.shape
         sequences = group.tokens.shape[0]
@@ -130,14 +136,14 @@ class PagedLayer:
         if group.mask is None:  # no padding to hide: the unmasked kernel, on the context alone
             keys, values = keys[:, : group.context], values[:, : group.context]
         keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, kv_heads, context, d]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask)  # [B, kv_heads, group, d]
+        out = attention(q, keys, values, mask=group.mask, rule=rule)  # [B, kv_heads, group, d]
         return out.reshape(sequences, heads, dim).transpose(0, 1)  # [heads, B, d]
 
-    def _piece(self, queries: torch.Tensor, piece: PieceGroup, kv_heads: int) -> torch.Tensor:
+    def _piece(self, queries: torch.Tensor, piece: PieceGroup, kv_heads: int, rule: ScoreRule | None) -> torch.Tensor:
         heads, _, dim = queries.shape
         q = queries[:, piece.start : piece.start + piece.length]  # [heads, L, d]
         q = q.reshape(1, kv_heads, heads // kv_heads * piece.length, dim)
         keys = self._paged(self.keys, piece.pages)[: piece.context].transpose(0, 1).unsqueeze(0)
         values = self._paged(self.values, piece.pages)[: piece.context].transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=piece.mask)  # [1, kv_heads, group * L, d]
+        out = attention(q, keys, values, mask=piece.mask, rule=rule)  # [1, kv_heads, group * L, d]
         return out.reshape(heads, piece.length, dim)

@@ -9,17 +9,18 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from dataclasses import dataclass, field
 
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2
 
 from peers.backend import ForwardJob, SpanBackend
-from peers.engine import Engine, EngineConfig
+from peers.config import ServerConfig
+from peers.engine import Engine
+from peers.engine_state import EngineConfig
 from peers.handlers import SERVICE_NAME, add_health_service, add_peer_service
 from peers.kv_cache import PagePool, PoolShape
-from peers.limits import LimitsConfig, stream_bytes_for
+from peers.limits import stream_bytes_for
 from peers.memory import kv_pool_pages
 from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner
@@ -29,8 +30,7 @@ from peers.serving_loop import serving_loop
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import CredentialsError
 from swarm.partition import BlockSpan
-from swarm.registry.hosts import LOOPBACK, HostConfig, join_host_port, warn_if_unreachable
-from swarm.security import SwarmCredentials
+from swarm.registry.hosts import HostConfig, join_host_port, warn_if_unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -43,42 +43,6 @@ KEEPALIVE_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    host: str = LOOPBACK  # address the gRPC server binds (0.0.0.0: every interface)
-    announce_host: str = ""  # address others dial; "": host, or for 0.0.0.0 the routed one (swarm/registry/hosts.py)
-    port: int = 0  # 0: any free port
-    max_message_bytes: int = 4 << 20  # gRPC's own default; bigger tensors are chunked on the stream RPCs
-    max_request_tokens: int = 8192  # batch x seq of one request
-    max_batch_tokens: int = 2048  # tokens one engine iteration (or one merged forward) computes at most
-    # The KV-cache pool, allocated at start as pages of page_size tokens: cache_gib GiB, or cache_tokens tokens, or
-    # (both None) what the device has free once the weights are loaded (peers/memory.py's kv_pool_pages)
-    cache_tokens: int | None = None
-    cache_gib: float | None = None
-    page_size: int = 16  # tokens per KV page
-    max_session_length: int = 8192
-    session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
-    max_sessions: int = 1024  # open inference sessions; each is a coroutine on the serving loop, not a thread
-    rpc_threads: int = 32  # threads for the plain RPCs (Forward, Backward, Info, Health) running at once
-    limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-client admission (peers/limits.py)
-    output_noise_std: float = 0.0  # FAULT INJECTION for tests only: see ServiceConfig.output_noise_std
-    open_timeout_s: float = 10.0  # an Inference stream that sends no `open` within this is ended
-    adapters: str = ""  # a directory of peft LoRA adapters to serve by name, one per subdirectory; "" for none
-    # SwarmCredentials.load(DIR) for a private swarm, SwarmCredentials.open() for an open one; None refuses to serve
-    credentials: SwarmCredentials | None = None
-
-    def __post_init__(self) -> None:
-        HostConfig(self.host, self.announce_host)  # raises InvalidArgument naming the flag
-        positive = ("max_request_tokens", "max_batch_tokens", "cache_tokens", "page_size", "max_session_length")
-        for name in (*positive, "max_sessions", "rpc_threads"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.cache_gib is not None and self.cache_gib <= 0:
-            raise ValueError(f"cache_gib must be positive, got {self.cache_gib}")
-        if self.session_idle_s <= 0:
-            raise ValueError(f"session_idle_s must be positive, got {self.session_idle_s}")
 
 
 class PeerServer:

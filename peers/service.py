@@ -17,16 +17,14 @@ from typing import Any
 import grpc
 import torch
 
-from peers.adapter_service import AdapterRpcs, adapter_grads
+from peers.adapter_service import AdapterRpcs, adapter_grads, adapter_stores
 from peers.backend import BackwardJob, ForwardJob, SpanBackend
 from peers.engine import Engine
 from peers.limits import Admission, LimitsConfig, RecentIds, SessionBudget, StreamBudget, client_key
-from peers.lora import AdapterCache
 from peers.metrics import PeerMetrics
 from peers.push import Inbox, Inboxes, Pusher
 from peers.rpc_status import answers_errors, check_version
 from peers.scheduler import TaskKind
-from peers.served_adapters import ServedAdapters
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
@@ -75,8 +73,8 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         self.state: int = pb.PEER_STATE_JOINING
         self.inboxes = Inboxes()
         self.pusher = Pusher(config.max_message_bytes, config.credentials)
-        self.adapters = AdapterCache()  # LoRA adapters uploaded by fine-tuning clients (peers/adapter_service.py)
-        self.served = ServedAdapters()  # named adapters for inference sessions (peers/served_adapters.py)
+        # LoRA uploads, by uploader: fine-tuning copies and members' served adapters share one byte budget
+        self.adapters, self.served = adapter_stores(config.limits)  # uploads; named adapters for sessions
         engine.on_lost = self.inboxes.fail  # preempted or idle: the stream ends with that error (thread-safe)
 
     # ---- stateless compute ----
@@ -84,7 +82,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     @answers_errors
     def Forward(self, request: pb.ForwardRequest, context: grpc.ServicerContext) -> pb.ForwardResponse:
         prompts = request.prompts if request.HasField("prompts") else None
-        future, choice = self._submit_forward(request, request.hidden_states, prompts)
+        future, choice = self._submit_forward(request, request.hidden_states, self._owner(context), prompts)
         output = self._encode_one(future.result(), choice)
         return pb.ForwardResponse(hidden_states=output, request_id=request.request_id)
 
@@ -96,7 +94,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         first, tensor = _collect(parts, "hidden_states")
         prompts = _collect_optional(parts, "prompts")
         # Decoding and encoding up to stream_bytes of tensors run on a thread: the loop keeps serving sessions.
-        future, choice = await asyncio.to_thread(self._submit_forward, first, tensor, prompts)
+        future, choice = await asyncio.to_thread(self._submit_forward, first, tensor, self._owner(context), prompts)
         output = await asyncio.to_thread(self._encode, await asyncio.wrap_future(future), choice)
         for chunk in split(output, self.config.max_message_bytes):
             yield pb.ForwardResponse(hidden_states=chunk, request_id=first.request_id)
@@ -106,7 +104,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         if request.HasField("adapter"):
             raise InvalidRequest("a backward with an adapter answers its gradients on BackwardStream only")
         prompts = request.prompts if request.HasField("prompts") else None
-        future, choice = self._submit_backward(request, request.hidden_states, request.grad_outputs, prompts)
+        future, choice = self._submit_backward(request, request.hidden_states, request.grad_outputs, "", prompts)
         result = future.result()
         response = pb.BackwardResponse(grad_inputs=self._encode_one(result.grad_inputs, choice))
         if result.grad_prompts is not None:
@@ -123,7 +121,8 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         first, hidden = _collect(parts, "hidden_states")
         _, grad_outputs = _collect(parts, "grad_outputs")
         prompts = _collect_optional(parts, "prompts")
-        future, choice = await asyncio.to_thread(self._submit_backward, first, hidden, grad_outputs, prompts)
+        owner = self._owner(context)
+        future, choice = await asyncio.to_thread(self._submit_backward, first, hidden, grad_outputs, owner, prompts)
         result = await asyncio.wrap_future(future)
         grads = await asyncio.to_thread(self._encode, result.grad_inputs, choice)
         for chunk in split(grads, self.config.max_message_bytes):
@@ -135,7 +134,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
                 yield pb.BackwardResponse(grad_prompts=chunk, request_id=first.request_id)
 
     def _submit_forward(
-        self, request: pb.ForwardRequest, tensor: pb.Tensor, prompts_msg: pb.Tensor | None = None
+        self, request: pb.ForwardRequest, tensor: pb.Tensor, owner: str, prompts_msg: pb.Tensor | None = None
     ) -> tuple[Future, pb.CodecChoice]:
         """Check and decode a forward, queue it to the engine; its future gives the span's output."""
         check_version(request.protocol_version)
@@ -143,7 +142,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         hidden = self._decode_checked(tensor, "hidden_states")
         self.backend.check_position(request.position, hidden.shape[1])
         choice = self._response_codec(request.response_codec, tensor)
-        adapter = self._adapter_for(request, blocks)
+        adapter = self._adapter_for(request, blocks, owner)
         prompts = self._decode_prompts(prompts_msg, blocks, hidden.shape[1])
         job = ForwardJob(hidden, int(request.position), blocks, adapter, prompts)
         pre = prompts.shape[1] if prompts is not None else 0
@@ -152,7 +151,12 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         return self.engine.submit(TaskKind.FORWARD, job, tokens=tokens, batch_key=key), choice
 
     def _submit_backward(
-        self, request: pb.BackwardRequest, hidden_msg: pb.Tensor, grad_msg: pb.Tensor, prompts_msg: pb.Tensor | None
+        self,
+        request: pb.BackwardRequest,
+        hidden_msg: pb.Tensor,
+        grad_msg: pb.Tensor,
+        owner: str,
+        prompts_msg: pb.Tensor | None,
     ) -> tuple[Future, pb.CodecChoice]:
         """Check and decode a backward, queue it to the engine; its future gives a BackwardResult."""
         check_version(request.protocol_version)
@@ -162,7 +166,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         self.backend.check_position(request.position, hidden.shape[1])
         choice = self._response_codec(request.response_codec, grad_msg)
         prompts = self._decode_prompts(prompts_msg, blocks, hidden.shape[1])
-        adapter = self._adapter_for(request, blocks)
+        adapter = self._adapter_for(request, blocks, owner)
         payload = BackwardJob(hidden, grads, int(request.position), blocks, adapter, prompts)
         return self.engine.submit(TaskKind.BACKWARD, payload, tokens=hidden.shape[0] * hidden.shape[1]), choice
 
@@ -207,6 +211,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
             raise InvalidRequest(
                 f"max_length must be in [1, {self.config.max_session_length}], got {opening.max_length}"
             )
+        self.backend.span.check_context(opening.max_length)  # a family's own limit (Gemma 2's sliding window)
         if opening.batch_size < 1:
             raise InvalidRequest(f"batch_size must be >= 1, got {opening.batch_size}")
         choice = self._response_codec(opening.response_codec, None)  # before reserving anything

@@ -1,7 +1,13 @@
 """RaySwarm: train and serve transformer language models on a swarm of heterogeneous, preemptible GPUs.
 
 Public API only. Subpackages: client (DistributedModelForCausalLM, sessions), codec (wire codecs), partition (block
-spans from checkpoints), registry (the DHT), router (route policies), security (private swarms' credentials), cli.
+spans from checkpoints), registry (the DHT), router (route policies), security (private swarms' credentials), api
+(the OpenAI-compatible API), training (the trainer side of SWARM training), finetune (`swarm finetune`),
+monitoring (the live map, Prometheus targets), cli; _proto: generated from proto/, never edited.
+Modules: errors.py (SwarmError and the gRPC status table), types.py (frozen records every layer shares), config.py
+(ClientConfig), channels.py (one gRPC channel per peer address), ray_cluster.py (start or attach to Ray),
+ray_reaper.py (a local Ray dies with its starter), progress.py (progress bars), _exit.py (a prompt exit),
+__main__.py (`python -m swarm`).
 """
 
 from __future__ import annotations

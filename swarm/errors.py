@@ -114,8 +114,10 @@ class Unauthenticated(InvalidRequest):
 
 
 class PermissionDenied(InvalidRequest):
-    """The caller may not do this to the state it names: a push into a session without that session's current push
-    token, or one that would roll back, reorder or skip its cache. Retrying it elsewhere gives the same answer."""
+    """The caller is known but may not do this (PERMISSION_DENIED): e.g. replace a served adapter another member
+    published, publish one in an open swarm, speak for a replica it is not, or push into a session without its
+    current push token (or roll back, skip or reorder it by a push). Every try would get the same answer,
+    so it is never retried."""
 
 
 class WrongSpan(SwarmError):

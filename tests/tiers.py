@@ -7,7 +7,8 @@
   tests/cuda).
 
 A test may name its tier itself (`@pytest.mark.integration`): a unit module's one test that starts a process.
-In the unit tier, starting a process or binding or connecting an internet socket fails the test (TierViolation).
+In the unit tier, starting a process or a gRPC server, or binding or connecting an internet socket, fails the test
+(TierViolation).
 
 `make test` runs every tier in one pytest run, unit first, and prints each tier's time at the end;
 `make test-unit`, `make test-integration` and `make test-system` run one (`pytest -m unit`, ...).
@@ -39,6 +40,8 @@ UNIT_MODULES_THAT_START_PROCESSES = frozenset(
         "unit/training/test_boot_priority.py",
         "unit/training/test_shared_memory.py",
         "unit/training/test_stage_boot_imports.py",
+        "unit/training/test_gradient_exchange.py",
+        "unit/training/test_sibling_calls.py",
         "unit/swarm/test_proto_generated.py",
     }
 )
@@ -160,14 +163,19 @@ def _no_processes_or_network(nodeid: str) -> Iterator[None]:
 
         return guarded
 
+    import grpc  # gRPC's servers open their sockets in C: refused where they are made
+
     saved = (subprocess.Popen._execute_child, socket.socket.bind, socket.socket.connect)  # type: ignore[attr-defined]
+    saved_servers = (grpc.server, grpc.aio.server)
     subprocess.Popen._execute_child = refuse("starts a process")  # type: ignore[attr-defined]
     socket.socket.bind = inet_only(saved[1], "binds a network socket")  # type: ignore[method-assign]
     socket.socket.connect = inet_only(saved[2], "connects a network socket")  # type: ignore[method-assign]
+    grpc.server = grpc.aio.server = refuse("starts a gRPC server")
     try:
         yield
     finally:
         subprocess.Popen._execute_child, socket.socket.bind, socket.socket.connect = saved  # type: ignore[attr-defined]
+        grpc.server, grpc.aio.server = saved_servers
 
 
 def _minutes(seconds: float) -> str:

@@ -24,6 +24,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from peers.metrics import PeerMetrics
+from peers.training.callers import SiblingGate
 from peers.training.gradient_exchange import GradientExchange
 from peers.training.metrics import StageCollector
 from peers.training.optimizer import build_optimizer
@@ -94,16 +95,7 @@ class TrainingStagePeer:
         self.announcer.announce_now()
         self._stop = threading.Event()
         self.siblings = SiblingReplicas(self.registry, config, self.span, self.peer_id, self._stop, ANNOUNCE_TTL_S)
-        self.replica.on_step_start = self.siblings.start_step
-        self.replica.on_progress = self.siblings.tell_progress
-        self.service.heard = self.siblings.heard
-        self.siblings.introduce(self.replica.step)
-        optimizer.live_replicas = self.siblings.count
-        self.exchange.siblings, self.exchange.on_unreachable = self.siblings.live, self.siblings.unreachable
-        optimizer.sibling_samples = self.siblings.samples_toward
-        optimizer.sibling_joining = lambda: self.siblings.joining > 0
-        if config.averaging.overlap:
-            optimizer.outside_lock = self.replica.unlocked
+        self._work_with_siblings(optimizer)
         threading.Thread(target=self._checkpoint_loop, daemon=True, name="stage-checkpoints").start()
         threading.Thread(target=self._catch_up_loop, daemon=True, name="stage-catch-up").start()
         logger.info(
@@ -114,6 +106,22 @@ class TrainingStagePeer:
             self.joined_from,
             self.replica.step,
         )
+
+    def _work_with_siblings(self, optimizer: Any) -> None:
+        """Wire the replica, its service, its gradient exchange and its optimizer to its siblings; introduce it."""
+        siblings, replica = self.siblings, self.replica
+        replica.on_step_start, replica.on_progress = siblings.start_step, siblings.tell_progress
+        replica.sibling_digests, replica.peer_id = siblings.digests_at, self.peer_id
+        self.service.heard = siblings.heard
+        self.service.gate = SiblingGate(lambda: dict(siblings.online), siblings.refresh)
+        siblings.introduce(replica.step, optimizer.params_digest())
+        optimizer.live_replicas = siblings.count
+        self.exchange.siblings, self.exchange.on_unreachable = siblings.live, siblings.unreachable
+        self.exchange.current_step = lambda: replica.step
+        optimizer.sibling_samples = siblings.samples_toward
+        optimizer.sibling_joining = lambda: siblings.joining > 0
+        if self.config.averaging.overlap:
+            optimizer.outside_lock = replica.unlocked
 
     def _take_stage_state(self) -> str:
         """Download the stage's state from a live replica; else (none alive, or the download failed before any

@@ -5,7 +5,10 @@ they reach the target batch, they average gradients (weighted by samples; peers/
 the replicas' own gRPC servers, bitwise equal on every replica), and each applies the same update, so one step
 counter (hivemind's epoch) holds for the stage. A failed round is retried rather than stepped alone, so the
 replicas' parameters stay the same; a replica the stage stepped without downloads the stage's state (hivemind's
-state averager). hivemind's gradient averager only accumulates: its averaging process is never started.
+state averager). hivemind's gradient averager only accumulates: its averaging process is never started. Replicas
+that stepped apart anyway (alone: MAX_FAILED_ROUNDS, a sibling thought gone) differ in their parameter digests
+(peers/training/digest.py): their round combines nothing, and one outside the largest group takes the stage's state
+(`take_stage_state`); such a round does not count toward MAX_FAILED_ROUNDS.
 
 The inner optimizer clips the averaged gradient to a global norm and scales the rate by the batch the round
 really averaged (the linear rule), around the warmup + cosine schedule of swarm/training/schedule.py.
@@ -28,7 +31,8 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.optim.state_averager import TrainingStateAverager
 from torch.optim.lr_scheduler import LambdaLR
 
-from peers.training.gradient_exchange import GradientExchange, RoundFailed
+from peers.training.digest import parameter_digest
+from peers.training.gradient_exchange import Diverged, GradientExchange, RoundFailed
 from swarm.training.config import AveragingConfig, OptimizerConfig
 from swarm.training.inner_optimizer import RoundBatch, make_inner_optimizer
 from swarm.training.schedule import WarmupCosine
@@ -111,6 +115,8 @@ class StageOptimizer(hivemind.Optimizer):
     round_in_flight: bool = False
     rounds_averaged: int = 0  # steps whose gradients were averaged with other replicas
     state_every: int = 0  # steps between parameter averaging rounds (averaging.state_every; 0: never)
+    behind_majority: bool = False  # the last round showed this replica's parameters differ from the majority's
+    state_loads: int = 0  # state downloads so far (each may change the parameters within a step)
 
     def samples_after(self, batch: int) -> int:
         """The stage's samples toward this step if this replica adds `batch` more (as far as it knows)."""
@@ -135,11 +141,25 @@ class StageOptimizer(hivemind.Optimizer):
         self.tracker.forced_epoch = epoch
         self._update_global_epoch(None)
 
+    def params_digest(self) -> bytes:  # of this replica's parameters now (hold the replica's lock)
+        return parameter_digest(self.state_averager.main_parameters)
+
+    def take_stage_state(self) -> bool:
+        """Take a sibling's parameters at the same step (its own differ from the majority's; offered meanwhile at a
+        lower priority, so that siblings download the majority's). True: the state changed."""
+        before, self.state_averager.state_sharing_priority = self.params_digest(), self.local_epoch - 0.5
+        try:
+            self.load_state_from_peers()
+        finally:
+            self.state_averager.state_sharing_priority = self.local_epoch
+        return self.params_digest() != before
+
     def load_state_from_peers(self, **kwargs: Any) -> bool:
         """Download the stage's newest state (parameters, optimizer statistics, step) from a live replica, again
         while the stage is still ahead (it may step during the download). Unlike hivemind's version, it never
         labels an older state with a newer step and never retries forever. True: caught up with the stage."""
         for attempt in range(LOAD_STATE_TRIES):
+            self.state_loads += 1
             with self.tracker.pause_updates():
                 before = self.local_epoch
                 self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
@@ -158,20 +178,24 @@ class StageOptimizer(hivemind.Optimizer):
         """The stage's step, replacing hivemind's: a failed averaging round leaves the step untaken (gradients
         kept) instead of stepping alone with local gradients, which would make this replica's parameters differ
         from its siblings'. The next backward or StepNow retries; after MAX_FAILED_ROUNDS the replica steps
-        alone, as hivemind would (the periodic state averaging then repairs the difference). A replica the stage
-        stepped without downloads the stage's state instead."""
+        alone, as hivemind would (the next round's digests show the difference). A replica the stage stepped
+        without downloads the stage's state instead. Downloads run after the tracker's pause: they pause it
+        themselves, and its lock is not reentrant (from inside the pause, a download hung the replica for good)."""
         if grad_scaler is not None:
             raise ValueError("stage optimizers run without a gradient scaler (bf16 autocast needs none)")
         if self.round_in_flight:
             return  # this step's round is running with the replica's lock released
         try:
             with self.tracker.pause_updates():
-                if self.tracker.global_epoch > self.local_epoch + 1 or (
-                    self.tracker.global_epoch > self.local_epoch and self.live_count() > 1
-                ):
-                    self.load_state_from_peers()  # the stage stepped without this replica: take its state
-                elif self._gradients_for_this_step():
+                ahead = self.tracker.global_epoch - self.local_epoch
+                stage_ahead = ahead > 1 or (ahead > 0 and self.live_count() > 1)
+                if not stage_ahead and self._gradients_for_this_step():
                     self._apply_step()
+            if stage_ahead:
+                self.load_state_from_peers()  # the stage stepped without this replica: take its state
+            elif self.behind_majority:
+                self.behind_majority = False
+                self.take_stage_state()
             if self.outside_lock is not None:  # what backwards added during the round (paused, the EMA cannot count)
                 self.tracker.report_local_progress(self.local_epoch, self.grad_averager.local_samples_accumulated)
         finally:
@@ -200,8 +224,17 @@ class StageOptimizer(hivemind.Optimizer):
         kept = self._set_gradients_aside() if self.outside_lock is not None else None
         if kept is not None:  # backwards during the round accumulate toward the next step
             averager.reset_accumulated_grads_()
+        digest = self.params_digest()
         try:
-            averaged, total = self._round_result(lambda: self.exchange.average(self.local_epoch, samples, local))
+            averaged, total = self._round_result(
+                lambda: self.exchange.average(self.local_epoch, samples, local, digest)
+            )
+        except Diverged as error:  # not a failure of the siblings: no step alone, whatever the count
+            logger.warning("averaging round of step %d refused: %s", self.local_epoch, error)
+            if kept is not None:
+                self._take_gradients_back(kept)
+            self.behind_majority = error.behind  # taken once the tracker's pause is over
+            return False
         except RoundFailed as error:  # a member silent or gone, members disagree: keep the gradients for a retry
             self.failed_rounds += 1
             logger.warning("averaging round of step %d failed (%d): %s", self.local_epoch, self.failed_rounds, error)

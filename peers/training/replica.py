@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from peers.training.digest import majority_digest
 from peers.training.stage_model import StageModel
 from swarm.errors import DeadlineExceeded, InvalidRequest
 from swarm.training.checkpoints import StageSnapshot
@@ -79,7 +80,12 @@ class StageReplica:
         self.autocast = mixed_precision and self.device.type == "cuda"
         self.counters = ReplicaCounters()
         self.on_step_start: Callable[[int], None] | None = None  # called before this replica starts a step
-        self.on_progress: Callable[[int, int], None] | None = None  # (step, samples toward it) after a backward
+        # (step, samples toward it, digest of the parameters) after a backward
+        self.on_progress: Callable[[int, int, bytes], None] | None = None
+        # the live siblings' parameter digests at a step, as they last said (peer id -> digest; set by the actor)
+        self.sibling_digests: Callable[[int], dict[str, bytes]] | None = None
+        self.peer_id = ""  # this replica's, among its siblings' (ties between equal-sized groups of digests)
+        self._digest: tuple[tuple[int, int], bytes] | None = None  # ((step, state loads), parameters' digest)
         self._lock = threading.Lock()
         self._answered: OrderedDict[str, BackwardAnswer] = OrderedDict()  # request id -> answer, newest last
         self._kept: OrderedDict[str, KeptForward] = OrderedDict()  # request id -> graph of its forward, newest last
@@ -170,7 +176,14 @@ class StageReplica:
         """Hand this replica's count to its siblings (not while a round runs: backwards then count toward the next
         step, which has no number yet)."""
         if self.on_progress is not None and not self.optimizer.round_in_flight:
-            self.on_progress(self.step, self.samples_accumulated)
+            self.on_progress(self.step, self.samples_accumulated, self.params_digest())
+
+    def params_digest(self) -> bytes:
+        """The digest of the parameters, computed once per step and state download (call holding the lock)."""
+        key = (self.step, self.optimizer.state_loads)
+        if self._digest is None or self._digest[0] != key:
+            self._digest = (key, self.optimizer.params_digest())
+        return self._digest[1]
 
     def _remember(self, request_id: str, answer: BackwardAnswer) -> None:
         self._answered[request_id] = answer
@@ -287,12 +300,31 @@ class StageReplica:
 
     def catch_up(self) -> None:
         """Take the stage's state if the stage stepped without this replica (its side of a round failed while
-        the others' succeeded); called periodically, so that it does not wait for the next request to notice."""
-        if self.optimizer.tracker.global_epoch <= self.step:
+        the others' succeeded), or if its parameters differ from those most of its siblings hold at the same step
+        (their Progress calls said so); called periodically, so that it does not wait for the next round."""
+        told = self.sibling_digests is not None and bool(self.sibling_digests(self.step))
+        if self.optimizer.tracker.global_epoch <= self.step and not told:
             return
-        with self._locked():
-            if self.optimizer.tracker.global_epoch > self.step and not self.optimizer.round_in_flight:
+        with self._locked():  # the digest only with the lock held: a step or a download may be writing meanwhile
+            if self.optimizer.round_in_flight:
+                return
+            if self.optimizer.tracker.global_epoch > self.step:
                 self.optimizer.load_state_from_peers()
+            elif self._behind_siblings() and self.optimizer.take_stage_state():
+                logger.info("step %d: parameters differed from the siblings'; took the stage's state", self.step)
+                self._tell_progress()
+
+    def _behind_siblings(self) -> bool:
+        """Whether the siblings at this replica's step mostly hold other parameters (as their Progress said)."""
+        if self.sibling_digests is None:
+            return False
+        digests = self.sibling_digests(self.step)
+        if not digests:
+            return False
+        own = self.params_digest()
+        if all(digest == own for digest in digests.values()):
+            return False
+        return majority_digest({**digests, self.peer_id: own}) != own
 
     def _count_step(self, step_before: int, started: float) -> None:
         if self.step != step_before:
@@ -313,6 +345,7 @@ class StageReplica:
             if missing:
                 raise InvalidRequest(f"checkpoint lacks tensors of this stage: {missing[:5]}")
             self._kept.clear()
+            self._digest = None
             with torch.no_grad():
                 for name, tensor in own.items():
                     tensor.copy_(snapshot.tensors[name])

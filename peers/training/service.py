@@ -7,6 +7,11 @@ Train pushes a micro-batch on to the next stage's replica: forward here, the lat
 (with what is left of the caller's deadline), backward here with the gradients that come back. A later stage's
 failure is this call's failure, with the failed replica named in trailing metadata, so that the trainer replaces
 that replica and resends; backwards already applied downstream are answered again from their request ids.
+
+Gradients, Progress and StepNow come from the stage's other replicas only: each names its sender, and the gate
+(peers/training/callers.py) refuses with PERMISSION_DENIED a sender that is not a live sibling or a call that does
+not come from that sibling's host (or member, in a private swarm). Until the replica serves (the gate is set), they
+are refused as well: a replica taking the stage's state averages with nobody.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import torch
 from peers.limits import Admission, LimitsConfig
 from peers.metrics import PeerMetrics
 from peers.rpc_status import answers_errors
-from peers.training.gradient_exchange import GradientExchange
+from peers.training.callers import SiblingGate, caller_of
+from peers.training.gradient_exchange import GradientExchange, read_header
 from peers.training.replica import CallTiming, StageReplica
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode, get_codec
-from swarm.errors import InvalidRequest, SwarmError
+from swarm.errors import InvalidRequest, PermissionDenied, SwarmError
 from swarm.training.stage_calls import FAILED_HOP_KEY, StageCalls
 
 COMMIT_MARGIN_S = 0.1  # a backward is applied only while its caller has at least this long left to get the answer
@@ -52,7 +58,9 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
         limits: LimitsConfig | None = None,
     ) -> None:
         self.replica, self.config, self.metrics, self.downstream = replica, identity, metrics, downstream
-        self.heard: Callable[[str, int, int], None] | None = None  # a sibling's sample count (set once it serves)
+        # a sibling's sample count and parameter digest (peer id, step, samples, digest; set once it serves)
+        self.heard: Callable[[str, int, int, bytes], None] | None = None
+        self.gate: SiblingGate | None = None  # who may speak for a sibling (set once it serves)
         self.exchange: GradientExchange | None = None  # where siblings' gradients go (set by the stage actor)
         self.admission = Admission(limits or LimitsConfig())  # answers_errors admits every request through it
 
@@ -144,22 +152,39 @@ class TrainingStageService(pb_grpc.TrainingStageServicer):
 
     @answers_errors
     def StepNow(self, request: pb.StepNowRequest, context: grpc.ServicerContext) -> pb.StepNowResponse:
+        gate, caller = self._gate(), caller_of(context)
+        if request.peer_id:
+            gate.check(request.peer_id, caller)
+        else:
+            gate.check_any(caller)
+        step = self.replica.step
+        if request.step > step + 1:  # a sibling is one step ahead at most: further, this replica downloads anyway
+            raise InvalidRequest(f"step {request.step}: this replica is at step {step}; {step + 1} at most")
         return pb.StepNowResponse(step=self.replica.step_now(int(request.step)))
 
     @answers_errors
     def Progress(self, request: pb.ProgressRequest, context: grpc.ServicerContext) -> pb.ProgressResponse:
         if not request.peer_id:
             raise InvalidRequest("peer_id is missing")
-        if self.heard is not None:  # before this replica serves, its siblings' counts are of no use to it
-            self.heard(request.peer_id, int(request.step), int(request.samples))
+        self._gate().check(request.peer_id, caller_of(context))
+        if self.heard is not None:
+            self.heard(request.peer_id, int(request.step), int(request.samples), bytes(request.params_digest))
         return pb.ProgressResponse()
 
     @answers_errors
     def Gradients(self, requests: Iterator[pb.GradientsPart], context: grpc.ServicerContext) -> pb.GradientsResponse:
         if self.exchange is None:
             raise InvalidRequest("this replica does not average gradients")
-        self.exchange.receive(requests)
+        parts = iter(requests)
+        header = read_header(parts)
+        self._gate().check(header.peer_id, caller_of(context))  # before reading (and buffering) any tensor
+        self.exchange.receive(header, parts)
         return pb.GradientsResponse()
+
+    def _gate(self) -> SiblingGate:
+        if self.gate is None:
+            raise PermissionDenied("this replica does not serve its stage yet: it takes no sibling's calls")
+        return self.gate
 
     def _decode_request(self, request: pb.TrainRequest) -> tuple[torch.Tensor, torch.Tensor | None, pb.CodecChoice]:
         if request.protocol_version != pb.PROTOCOL_VERSION_CURRENT:

@@ -6,6 +6,10 @@ the replica whose backward brings the stage's sum to the target batch knows it a
 DHT (hivemind's progress records, polled every 0.1-0.5 s) each count went from the replica through hivemind's DHT
 process and two p2p daemons to the bootstrap node and back to every sibling: on 2 cores the DHT processes and
 daemons took about a third of the CPU of a training run, more than the stage replicas' gRPC and codecs together.
+
+A count comes with the digest of its sender's parameters at that step (peers/training/digest.py): a replica whose
+parameters differ from the largest group of its siblings at the same step learns it here between rounds
+(`behind_at`), and takes the stage's state (peers/training/replica.py, catch_up).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ class SiblingReplicas:
         self.ttl_s = ttl_s  # of their DHT records
         self._unreachable: dict[str, float] = {}  # address -> when a call to it found nobody there
         self._counts: dict[str, tuple[int, int]] = {}  # peer id -> (step, samples toward it), as it last said
-        self._outgoing: tuple[int, int] | None = None  # this replica's count, not sent yet
+        self._digests: dict[str, tuple[int, bytes]] = {}  # peer id -> (step, digest of its parameters there)
+        self._outgoing: tuple[int, int, bytes] | None = None  # this replica's count and digest, not sent yet
         self._wake = threading.Condition()
         self.stubs = PeerStubs(config.credentials, stub_type=pb_grpc.TrainingStageStub)
         self._stop = stop
@@ -72,30 +77,40 @@ class SiblingReplicas:
 
     # ---- sample counts ----
 
-    def heard(self, peer_id: str, step: int, samples: int) -> None:
-        """A sibling's count (its Progress call). A sender this replica does not know as ONLINE yet (one that has
-        just taken the stage's state: see introduce) makes it re-read the stage's records now, rather than up to a
-        refresh period later: a step taken meanwhile would count without the newcomer and leave it behind."""
-        if peer_id not in self.online:
-            self._refresh()
+    def heard(self, peer_id: str, step: int, samples: int, digest: bytes = b"") -> None:
+        """A sibling's count (its Progress call, from a sibling the service's gate let through: one this replica did
+        not know as ONLINE yet, one that has just taken the stage's state, made it re-read the stage's records at
+        once, so that a step taken meanwhile counts the newcomer; see introduce)."""
         self._counts[peer_id] = (step, samples)
+        if digest:
+            self._digests[peer_id] = (step, digest)
 
-    def introduce(self, step: int) -> None:
+    def refresh(self) -> None:
+        """Re-read the stage's records now."""
+        self._refresh()
+
+    def introduce(self, step: int, digest: bytes = b"") -> None:
         """Tell every sibling that this replica serves (a count of nothing toward `step`), before it takes work;
         returns once each answered or failed, so that their next step already includes it."""
-        request = pb.ProgressRequest(peer_id=self.peer_id, step=step, samples=0)
+        request = pb.ProgressRequest(peer_id=self.peer_id, step=step, samples=0, params_digest=digest)
         for address in self.addresses:
             self._call(address, "Progress", request, PROGRESS_TIMEOUT_S)
+
+    def digests_at(self, step: int) -> dict[str, bytes]:
+        """The live siblings' parameter digests at `step`, as they last said (those at another step say nothing)."""
+        known = [(peer_id, self._digests.get(peer_id)) for peer_id in self.live()]
+        return {peer_id: entry[1] for peer_id, entry in known if entry is not None and entry[0] == step}
 
     def samples_toward(self, step: int) -> int:
         """The live siblings' samples toward `step`, as they last said (a sibling at another step adds none)."""
         counts = [self._counts.get(peer_id) for peer_id in self.live()]
         return sum(count[1] for count in counts if count is not None and count[0] == step)
 
-    def tell_progress(self, step: int, samples: int) -> None:
-        """Send this replica's count to its siblings soon (returns at once; a newer count replaces an unsent one)."""
+    def tell_progress(self, step: int, samples: int, digest: bytes = b"") -> None:
+        """Send this replica's count (and its parameters' digest) to its siblings soon (returns at once; a newer
+        count replaces an unsent one)."""
         with self._wake:
-            self._outgoing = (step, samples)
+            self._outgoing = (step, samples, digest)
             self._wake.notify()
 
     def _send_loop(self) -> None:
@@ -105,7 +120,8 @@ class SiblingReplicas:
                 outgoing, self._outgoing = self._outgoing, None
             if outgoing is None:
                 continue
-            request = pb.ProgressRequest(peer_id=self.peer_id, step=outgoing[0], samples=outgoing[1])
+            step, samples, digest = outgoing
+            request = pb.ProgressRequest(peer_id=self.peer_id, step=step, samples=samples, params_digest=digest)
             for address in self.addresses:
                 self._call(address, "Progress", request, PROGRESS_TIMEOUT_S)
 
@@ -114,7 +130,7 @@ class SiblingReplicas:
     def start_step(self, step: int) -> None:
         """Tell every sibling to join step `step` now; returns at once (each call waits for its replica's lock)."""
         for address in self.addresses:
-            call = (address, "StepNow", pb.StepNowRequest(step=step), STEP_NOW_TIMEOUT_S)
+            call = (address, "StepNow", pb.StepNowRequest(step=step, peer_id=self.peer_id), STEP_NOW_TIMEOUT_S)
             threading.Thread(target=self._call, args=call, daemon=True).start()
 
     def _call(self, address: str, method: str, request: object, timeout_s: float) -> None:
@@ -139,6 +155,8 @@ class SiblingReplicas:
         # gone, or rejoining with nothing counted (a copy of the keys: Progress calls add counts meanwhile)
         for peer_id in [p for p in list(self._counts) if p not in self.online]:
             self._counts.pop(peer_id, None)
+        for peer_id in [p for p in list(self._digests) if p not in self.online]:
+            self._digests.pop(peer_id, None)
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(REFRESH_PERIOD_S):

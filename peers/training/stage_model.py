@@ -32,6 +32,7 @@ class StageModel(nn.Module):
     ) -> None:
         super().__init__()
         self.span = span
+        self.hooks = architecture_of(span.cfg.model_type).head_hooks(span.cfg)  # embedding scale, logit soft-cap
         self.activation_checkpointing = activation_checkpointing
         self.embed_tokens = (
             nn.Embedding.from_pretrained(embeddings.clone(), freeze=False) if embeddings is not None else None
@@ -62,7 +63,9 @@ class StageModel(nn.Module):
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states for the next stage, or, on the last stage, the mean cross-entropy against `labels`."""
         self.check_inputs(inputs, labels)
-        hidden = self.embed_tokens(inputs) if self.is_first else inputs.to(self.span.dtype)
+        hidden = (
+            self.hooks.scale_embeddings(self.embed_tokens(inputs)) if self.is_first else inputs.to(self.span.dtype)
+        )
         cos, sin = self.span.rotary(0, hidden.shape[1], hidden.dtype)
         for block in self.span.blocks:
             if self.activation_checkpointing and torch.is_grad_enabled():
@@ -71,7 +74,7 @@ class StageModel(nn.Module):
                 hidden = block(hidden, cos, sin)
         if not self.is_last:
             return hidden
-        logits = self.lm_head(self.norm(hidden))
+        logits = self.hooks.cap_logits(self.lm_head(self.norm(hidden)))
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
     def check_inputs(self, inputs: torch.Tensor, labels: torch.Tensor | None) -> None:
@@ -91,6 +94,7 @@ class StageModel(nn.Module):
             )
         if inputs.numel() == 0:
             raise InvalidRequest(f"inputs hold no tokens: shape {list(inputs.shape)}")
+        self.span.check_context(inputs.shape[1])
         if not self.is_last:
             return
         if labels is None or labels.dtype != torch.int64 or tuple(labels.shape) != tuple(inputs.shape[:2]):

@@ -442,10 +442,12 @@ class StageInfoResponse(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., total_blocks: _Optional[int] = ..., step: _Optional[int] = ..., samples_accumulated: _Optional[int] = ..., samples_total: _Optional[int] = ..., averaging_rounds: _Optional[int] = ..., last_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., averaging_seconds: _Optional[float] = ...) -> None: ...
 
 class StepNowRequest(_message.Message):
-    __slots__ = ("step",)
+    __slots__ = ("step", "peer_id")
     STEP_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
     step: int
-    def __init__(self, step: _Optional[int] = ...) -> None: ...
+    peer_id: str
+    def __init__(self, step: _Optional[int] = ..., peer_id: _Optional[str] = ...) -> None: ...
 
 class StepNowResponse(_message.Message):
     __slots__ = ("step",)
@@ -454,34 +456,38 @@ class StepNowResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ...) -> None: ...
 
 class ProgressRequest(_message.Message):
-    __slots__ = ("peer_id", "step", "samples")
+    __slots__ = ("peer_id", "step", "samples", "params_digest")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     step: int
     samples: int
-    def __init__(self, peer_id: _Optional[str] = ..., step: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
+    params_digest: bytes
+    def __init__(self, peer_id: _Optional[str] = ..., step: _Optional[int] = ..., samples: _Optional[int] = ..., params_digest: _Optional[bytes] = ...) -> None: ...
 
 class ProgressResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GradientsHeader(_message.Message):
-    __slots__ = ("peer_id", "step", "attempt", "samples", "members", "num_tensors")
+    __slots__ = ("peer_id", "step", "attempt", "samples", "members", "num_tensors", "params_digest")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     step: int
     attempt: int
     samples: int
     members: _containers.RepeatedScalarFieldContainer[str]
     num_tensors: int
-    def __init__(self, peer_id: _Optional[str] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., samples: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., num_tensors: _Optional[int] = ...) -> None: ...
+    params_digest: bytes
+    def __init__(self, peer_id: _Optional[str] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., samples: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., num_tensors: _Optional[int] = ..., params_digest: _Optional[bytes] = ...) -> None: ...
 
 class GradientsPart(_message.Message):
     __slots__ = ("header", "tensor")

@@ -126,7 +126,7 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LoadAdapter(self, request_iterator, context):
-        """replaces any older version of the adapter
+        """replaces the caller's older version of that id
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -4,7 +4,7 @@ protocol.py: OpenAI's request bodies (pydantic) and response objects; errors.py:
 from RaySwarm's errors to HTTP statuses; text.py: token ids to streamed text (stop sequences, UTF-8) and OpenAI's
 penalties; generation.py: one request's generation in a worker thread, as events; service.py: OpenAIService, the
 API without the web framework; app.py: the FastAPI routes as a Ray Serve deployment, and `build` for `serve run`;
-chat.html: the chat page served at `/`.
+chat.html: the chat page served at `/`; keys.py: the API keys file.
 
 Nothing here imports the server package (`peers`): the API runs on machines with no peer code.
 """

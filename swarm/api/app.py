@@ -20,6 +20,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from ray import serve
 
 from swarm.api.errors import api_error_for, invalid, unauthorized
+from swarm.api.keys import read_api_keys
 from swarm.api.protocol import ChatCompletionRequest, CompletionRequest
 from swarm.api.service import DEFAULT_MAX_SESSIONS, OpenAIService
 from swarm.registry.addresses import initial_peer_list
@@ -45,10 +46,21 @@ async def _validation_error(request: Request, error: RequestValidationError) -> 
     return await _api_error(request, invalid(f"{param or 'body'}: {first.get('msg')}", param=param))
 
 
+class _EventsResponse(StreamingResponse):
+    """A streamed answer that closes its events however the response ends: sent whole, failed, or cancelled (the
+    client went away) before or after its first chunk. Closing them stops the generation (service.py)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 def _respond(result: dict[str, Any] | AsyncIterator[str]) -> Any:
     if isinstance(result, dict):
         return result
-    return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return _EventsResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 # Serve pickles the class when it is decorated: whatever its methods use must be defined above it.
@@ -111,12 +123,6 @@ class SwarmOpenAI:
         service = getattr(self, "service", None)
         if service is not None:
             service.close()
-
-
-def read_api_keys(path: Path) -> list[str]:
-    """One key per line; blank lines and lines starting with # are skipped."""
-    lines = [line.strip() for line in path.read_text().splitlines()]
-    return [line for line in lines if line and not line.startswith("#")]
 
 
 def build(args: dict[str, Any]) -> serve.Application:

@@ -20,6 +20,7 @@ import torch
 
 from swarm.api.text import ChoiceText, PenaltyProcessor
 from swarm.client import DistributedModelForCausalLM, ModelSession
+from swarm.errors import SwarmError
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,10 @@ class Failed:
     error: BaseException
 
 
+class Cancelled(SwarmError):
+    """The request's client went away (or its handler failed) before the generation began."""
+
+
 Event = Started | Deltas | Finished | Failed
 
 
@@ -110,12 +115,16 @@ class Generation:
         sampling, batch = self.sampling, self.sampling.n
         input_ids = torch.tensor([self.prompt_ids] * batch, dtype=torch.long)
         try:
+            if self._cancelled:  # the client went away while this waited for a worker: open nothing
+                raise Cancelled("the request was cancelled before its generation began")
             length = len(self.prompt_ids) + sampling.max_new_tokens
             self._session = self.model.inference_session(length, batch, sampling.adapter)
         except BaseException as error:
             self._emit(Failed(error))
             return
         try:
+            if self._cancelled:  # ... or while the session opened: no prefill for nobody
+                raise Cancelled("the request was cancelled before its first step")
             self._emit(Started(self.route()))
             self._step_times.append(time.perf_counter())
             self.model.generate(

@@ -158,7 +158,7 @@ class OpenAIService:
         if echo:
             reply.prefix = served.tokenizer.decode(ids, skip_special_tokens=True)
         if request.stream:
-            return _stream(reply, events, generation)
+            return _EventStream(reply, events, generation)
         async for event in events:
             if isinstance(event, Failed):
                 raise api_error_for(event.error)
@@ -231,23 +231,43 @@ class _Reply:
         return chunk
 
 
-async def _stream(reply: _Reply, events: AsyncIterator, generation: Generation) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's format, ending with `data: [DONE]`. A client that goes away cancels this
-    generator; the generation then stops at its next step and closes its session on the peers."""
-    try:
-        for chunk in reply.opening_chunks():
+class _EventStream:
+    """Server-sent events in OpenAI's format, ending with `data: [DONE]`. Closing it stops the generation at its
+    next step (its session on the peers is then closed and its slot freed), whether or not a chunk was taken: an
+    async generator that never started runs no `finally` when closed, so a request cancelled between its answer's
+    headers and its first chunk would have gone on generating, holding its slot, up to max_tokens."""
+
+    def __init__(self, reply: _Reply, events: AsyncIterator, generation: Generation) -> None:
+        self.generation = generation
+        self._chunks = _sse_chunks(reply, events)
+
+    def __aiter__(self) -> _EventStream:
+        return self
+
+    async def __anext__(self) -> str:
+        try:
+            return await anext(self._chunks)
+        except BaseException:  # the end, an error, or the client went away (the task is cancelled)
+            self.generation.cancel()
+            raise
+
+    async def aclose(self) -> None:
+        self.generation.cancel()
+        await self._chunks.aclose()
+
+
+async def _sse_chunks(reply: _Reply, events: AsyncIterator) -> AsyncIterator[str]:
+    for chunk in reply.opening_chunks():
+        yield _sse(chunk)
+    async for event in events:
+        if isinstance(event, Failed):
+            yield _sse(api_error_for(event.error).body())
+            break
+        reply.absorb(event)
+        chunks = reply.chunks(event) if isinstance(event, Deltas) else [reply.closing_chunk()]
+        for chunk in chunks:
             yield _sse(chunk)
-        async for event in events:
-            if isinstance(event, Failed):
-                yield _sse(api_error_for(event.error).body())
-                break
-            reply.absorb(event)
-            chunks = reply.chunks(event) if isinstance(event, Deltas) else [reply.closing_chunk()]
-            for chunk in chunks:
-                yield _sse(chunk)
-        yield "data: [DONE]\n\n"
-    finally:
-        generation.cancel()
+    yield "data: [DONE]\n\n"
 
 
 def _sse(payload: dict[str, Any]) -> str:

@@ -7,7 +7,10 @@ prometheus_targets.py: `swarm prometheus-targets` (Prometheus file-SD from the r
 (the live swarm map); train.py: `swarm train`, `swarm export`, `swarm init-model`; keys.py: `swarm keys init`,
 `swarm keys issue` (private swarms); api.py: `swarm api` (the OpenAI-compatible API on Ray Serve); finetune.py:
 `swarm finetune` (LoRA or prompt tuning through the swarm, parameters on the client).
-_credentials.py: the `--credentials DIR` / `--open` flags they share.
+_credentials.py: the `--credentials DIR` / `--open` flags they share; _arguments.py: argument types that check
+while parsing; _hosts.py: `--host` / `--announce-host`; _daemon.py: stop signals of the long-running commands;
+_peer_flags.py: `swarm peer join`'s tuning flags (placement, engine, limits per client), whose defaults are the
+configs' in peers/config.py.
 """
 
 from __future__ import annotations

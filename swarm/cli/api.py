@@ -59,10 +59,13 @@ def run(ns: argparse.Namespace) -> int:
     models = ns.model or [DEFAULT_MODEL]
     for model in models:
         check_checkpoint_dir(model)
-    if ns.api_keys is not None and not ns.api_keys.is_file():
+    if ns.api_keys is not None:
+        from swarm.api.keys import read_api_keys
         from swarm.errors import InvalidArgument
 
-        raise InvalidArgument("--api-keys", f"{ns.api_keys} is not a file")
+        if not ns.api_keys.is_file():
+            raise InvalidArgument("--api-keys", f"{ns.api_keys} is not a file")
+        read_api_keys(ns.api_keys)  # a file with no key would turn authentication off: refuse to start
     free_port(ns.host, ns.port, "--port")
     with StopSignals() as signals:
         return _serve(ns, models, signals)

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from swarm.cli._arguments import (
     at_least,
-    block_span,
     check_span,
     free_port,
     initial_peers,
@@ -31,10 +30,12 @@ from swarm.cli._arguments import (
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import StopSignals, no_shared_memory_manager
 from swarm.cli._hosts import add_host_flags, check_announced
+from swarm.cli._peer_flags import add_engine_flags, add_limit_flags, add_placement_flags
 from swarm.errors import InvalidArgument
+from swarm.partition.quantize import QUANT_MODES
 from swarm.progress import waiting
 
-if TYPE_CHECKING:  # imported when the command runs: `swarm --help` does not load torch
+if TYPE_CHECKING:  # imported when the command runs
     from peers.config import PeerConfig
     from swarm.registry import Registry
 
@@ -106,13 +107,13 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
         "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
+        choices=("auto", "float32", "bfloat16", "float16"),  # peers/config.py's DTYPES
         default="auto",
         help="the blocks' dtype; auto: bfloat16 on CUDA (float16 on a GPU without bf16), float32 on CPU",
     )
     parser.add_argument(
         "--quant",
-        choices=("none", "int8", "nf4", "nf4-mixed"),  # swarm/partition/quantize.py's QUANT_MODES (no torch here)
+        choices=QUANT_MODES,
         default="none",
         help="weights of the blocks' linear layers: LLM.int8 (int8) or 4-bit NormalFloat (nf4), via bitsandbytes; "
         "nf4-mixed: attention's q/k/v and the MLP's down projection at 8 bits, the rest nf4",
@@ -128,107 +129,6 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
         "--drain-grace", type=at_least(0, float), default=30.0, help="seconds in-flight work gets on SIGTERM"
     )
     add_limit_flags(parser)
-
-
-def add_placement_flags(parser: argparse.ArgumentParser) -> None:
-    """Which blocks the peer serves, and when it moves."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--blocks", type=block_span, default=None, help="serve blocks START:END (and stay there unless --rebalance)"
-    )
-    group.add_argument(
-        "--num-blocks",
-        type=at_least(1),
-        default=None,
-        help="serve this many blocks (default: as many as fit --memory-gib)",
-    )
-    parser.add_argument(
-        "--memory-gib",
-        type=positive(),
-        default=None,
-        help="memory for weights + KV cache (default: 90%% of what is free)",
-    )
-    parser.add_argument(
-        "--rebalance",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="move to the blocks the swarm needs most (default: on, off with --blocks)",
-    )
-    # Defaults are PlacementConfig's (a unit test checks), written out so that `swarm --help` does not import torch.
-    parser.add_argument(
-        "--rebalance-period", type=positive(), default=120.0, help="mean seconds between checks (each wait 0.5-1.5x)"
-    )
-    parser.add_argument(
-        "--rebalance-margin",
-        type=at_least(0, float),
-        default=0.3,
-        help="hysteresis: blocks left must keep (1 + this / sqrt(peers on them)) x the target throughput",
-    )
-
-
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """The engine's KV-cache pool and iteration budget; defaults are ServerConfig's (a unit test checks)."""
-    pool = parser.add_mutually_exclusive_group()
-    pool.add_argument("--cache-tokens", type=at_least(1), help="KV-cache pool size in tokens")
-    pool.add_argument(
-        "--cache-gib",
-        type=positive(),
-        help="KV-cache pool size in GiB (default for both: what the device has free once the weights are loaded, "
-        "less one iteration's activations)",
-    )
-    parser.add_argument("--page-size", type=at_least(1), default=16, help="tokens per KV-cache page")
-    parser.add_argument(
-        "--threads",
-        type=at_least(0),
-        default=0,
-        help="torch threads computing the blocks (default 0: one per core)",
-    )
-    parser.add_argument(
-        "--max-batch-tokens", type=at_least(1), default=2048, help="tokens one engine iteration computes at most"
-    )
-    parser.add_argument(
-        "--session-idle-s",
-        type=positive(),
-        default=300.0,
-        help="close a session after this many seconds without a step",
-    )
-    parser.add_argument(
-        "--max-sessions",
-        type=at_least(1),
-        default=1024,
-        help="open inference sessions, all clients together (no thread each)",
-    )
-
-
-def add_limit_flags(parser: argparse.ArgumentParser) -> None:
-    """Per-client admission limits (peers/limits.py); refusals are RESOURCE_EXHAUSTED naming the limit. Defaults
-    are LimitsConfig's and ServerConfig's (a unit test checks), written out so that `--help` does not import torch."""
-    group = parser.add_argument_group("limits per client")
-    group.add_argument(
-        "--sessions-per-client", type=at_least(1), default=16, help="open inference sessions per client"
-    )
-    group.add_argument(
-        "--requests-per-s",
-        type=positive(),
-        default=500.0,
-        help="sustained RPCs + inference steps per second per client",
-    )
-    group.add_argument("--request-burst", type=at_least(1), default=1000, help="requests a client may send at once")
-    group.add_argument(
-        "--session-tokens", type=at_least(1), default=1 << 20, help="tokens one session may run (replays included)"
-    )
-    group.add_argument(
-        "--stream-bytes",
-        type=at_least(0),
-        default=0,
-        help="bytes of one chunked tensor held on the peer (default: 8192 float32 tokens of hidden states)",
-    )
-    group.add_argument(
-        "--max-message-bytes",
-        type=at_least(1 << 16),
-        default=4 << 20,
-        help="largest gRPC message (bigger tensors are chunked)",
-    )
 
 
 def run_join(ns: argparse.Namespace) -> int:

@@ -76,7 +76,7 @@ def run_train(ns: argparse.Namespace) -> int:
 
 def _train(config: TrainConfig) -> dict:
     """Run the job to its end; its summary (progress, evaluation loss, wall time)."""
-    from swarm.training.job import TrainingJob
+    from peers.training.job import TrainingJob
 
     job = TrainingJob(config)
     started = time.monotonic()

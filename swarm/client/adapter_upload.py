@@ -8,7 +8,7 @@ it lost its copy (restarted, evicted it).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 
@@ -19,7 +19,7 @@ from swarm.errors import error_for
 from swarm.types import Hop, PeerState
 
 if TYPE_CHECKING:
-    from swarm.client.model import DistributedModelForCausalLM
+    from swarm.client.view import SwarmView
 
 
 class AdapterUploads:
@@ -59,12 +59,20 @@ class AdapterUploads:
             self._held.pop(address, None)
 
 
-def serve_adapter(
-    model: DistributedModelForCausalLM, adapter: LoraAdapter, name: str, timeout_s: float = 60.0
-) -> list[str]:
+class ServingModel(Protocol):
+    """What serve_adapter uses of a DistributedModelForCausalLM: swarm/client/model.py imports this module (through
+    sequential.py), so naming that class here would close an import circle."""
+
+    view: SwarmView
+
+
+def serve_adapter(model: ServingModel, adapter: LoraAdapter, name: str, timeout_s: float = 60.0) -> list[str]:
     """Upload `adapter` to every live peer of `model`'s swarm (each gets its whole span) to be served under `name`:
     `model.generate(..., adapter=name)` can use it once the peers have announced it (their next refresh). Returns
     the ids of the peers that took it; a peer that joins later does not have it (upload again).
+
+    Only a private swarm's members may publish, and a name is then its publisher's: PermissionDenied in an open
+    swarm, or for a name the peers' operator or another member serves.
 
     Raises:
         SwarmError: a peer refused or failed the upload (the status mapped by swarm/errors.py).

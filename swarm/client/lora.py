@@ -18,16 +18,11 @@ import torch
 from torch import nn
 
 from swarm.errors import InvalidArgument
+from swarm.partition.architecture import architecture_of, every_lora_target
 
-TARGETS = {  # peft's target module names -> their path inside a block (Hugging Face's and peers/lora.py's)
-    "q_proj": "self_attn.q_proj",
-    "k_proj": "self_attn.k_proj",
-    "v_proj": "self_attn.v_proj",
-    "o_proj": "self_attn.o_proj",
-    "gate_proj": "mlp.gate_proj",
-    "up_proj": "mlp.up_proj",
-    "down_proj": "mlp.down_proj",
-}
+# peft's target module names of every family -> their path inside a block (Hugging Face's and peers/lora.py's); a
+# model's own are its family's Architecture.lora_targets()
+TARGETS = every_lora_target()
 PEFT_PREFIX = "base_model.model.model.layers."  # peft's saved names: PEFT_PREFIX + "3.self_attn.q_proj.lora_A.weight"
 
 
@@ -54,8 +49,15 @@ class LoraAdapter(nn.Module):
     "{block}.{path}.lora_A|B" as on the wire. Initialised as peft does (A Kaiming-uniform, B zero), so an untrained
     adapter changes nothing."""
 
-    def __init__(self, config: LoraConfig, shapes: dict[str, tuple[int, int]], num_blocks: int) -> None:
-        """`shapes`: (in_features, out_features) of each target name (q_proj...) in a block."""
+    def __init__(
+        self,
+        config: LoraConfig,
+        shapes: dict[str, tuple[int, int]],
+        num_blocks: int,
+        paths: dict[str, str] | None = None,
+    ) -> None:
+        """`shapes`: (in_features, out_features) of each target name (q_proj...) in a block; `paths`: each target's
+        path inside a block (the family's lora_targets(); by default the one path every family gives that name)."""
         super().__init__()
         self.config, self.num_blocks = config, num_blocks
         self.adapter_id = uuid.uuid4().hex  # peers key their copies by it and by `version`
@@ -66,28 +68,33 @@ class LoraAdapter(nn.Module):
                 fan_in, fan_out = shapes[target]
                 lora_a = torch.empty(config.rank, fan_in)
                 nn.init.kaiming_uniform_(lora_a, a=math.sqrt(5))  # peft's init_lora_weights=True
-                prefix = f"{block}.{TARGETS[target]}"
+                prefix = f"{block}.{(paths or TARGETS)[target]}"
                 self.names += [f"{prefix}.lora_A", f"{prefix}.lora_B"]
                 tensors += [lora_a, torch.zeros(fan_out, config.rank)]
         self.weights = nn.ParameterList(nn.Parameter(t) for t in tensors)
 
     @classmethod
     def for_model(cls, model: nn.Module, config: LoraConfig) -> LoraAdapter:
-        """An adapter shaped for `model`'s blocks (a DistributedModelForCausalLM or any Llama-family config)."""
-        cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        hidden, kv, inter = cfg.hidden_size, cfg.num_key_value_heads * head_dim, cfg.intermediate_size
-        heads = cfg.num_attention_heads * head_dim
-        shapes = {
-            "q_proj": (hidden, heads),
-            "k_proj": (hidden, kv),
-            "v_proj": (hidden, kv),
-            "o_proj": (heads, hidden),
-            "gate_proj": (hidden, inter),
-            "up_proj": (hidden, inter),
-            "down_proj": (inter, hidden),
-        }
-        return cls(config, shapes, cfg.num_hidden_layers)
+        """An adapter shaped for `model`'s blocks (a DistributedModelForCausalLM or a transformers model of any
+        family here), on its family's targets (Architecture.lora_targets), each shaped as that layer of a block.
+
+        Raises:
+            InvalidArgument: a target that this family's blocks do not have.
+        """
+        architecture = architecture_of(model.config.model_type)
+        cfg = architecture.block_config(model.config)
+        paths = architecture.lora_targets()
+        if not set(config.targets) <= set(paths):
+            raise InvalidArgument(
+                "lora.targets", f"{cfg.model_type} blocks take LoRA on {sorted(paths)}, got {list(config.targets)}"
+            )
+        with torch.device("meta"):  # shapes only: no memory, no init
+            block = architecture.block(cfg)
+        shapes = {}
+        for target in config.targets:
+            linear = block.get_submodule(paths[target])
+            shapes[target] = (linear.in_features, linear.out_features)
+        return cls(config, shapes, cfg.num_layers, {target: paths[target] for target in config.targets})
 
     @property
     def scaling(self) -> float:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import Token
-from typing import TYPE_CHECKING
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -15,7 +15,25 @@ from swarm.client.arguments import check_session_shape
 from swarm.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from swarm.client.model import DistributedModelForCausalLM
+    from swarm.client.session import InferenceSession
+    from swarm.partition.client_head import ClientHead
+
+
+class SessionHost(Protocol):
+    """What a ModelSession uses of the DistributedModelForCausalLM that made it: swarm/client/model.py imports this
+    module, so naming that class here would close an import circle."""
+
+    context_length: int
+    head: ClientHead
+    _active: ContextVar[ModelSession | None]  # the session a `with` block made current
+
+    @property
+    def active_session(self) -> ModelSession | None: ...
+
+    @active_session.setter
+    def active_session(self, session: ModelSession | None) -> None: ...
+
+    def open_session(self, batch_size: int, max_length: int, adapter: str = "") -> InferenceSession: ...
 
 
 class ModelSession:
@@ -25,9 +43,7 @@ class ModelSession:
     InvalidRequest rather than interleaving tokens into the same caches).
     """
 
-    def __init__(
-        self, model: DistributedModelForCausalLM, max_length: int, batch_size: int, adapter: str = ""
-    ) -> None:
+    def __init__(self, model: SessionHost, max_length: int, batch_size: int, adapter: str = "") -> None:
         check_session_shape(max_length, batch_size, model.context_length)
         self.model, self.max_length, self.batch_size, self.adapter = model, max_length, batch_size, adapter
         self.session = model.open_session(batch_size, max_length, adapter)

@@ -1,11 +1,14 @@
 """Build the parts of a model that one process holds, from a Hugging Face checkpoint directory.
 
 architecture.py: the seam for a model family (Architecture, BlockConfig, the model_type registry FAMILIES);
-one module per family: llama.py (Llama, Mistral, Qwen2), qwen3.py, mixtral.py (sparse MoE), phi3.py (fused tensors);
-layers.py: RMSNorm, rotary tables, KVLayer, causal attention, shared by the families;
+one module per family: llama.py (Llama, Mistral, Qwen2), qwen3.py, mixtral.py (sparse MoE), phi3.py (fused tensors),
+gemma2.py (soft-capped scores and logits, scaled embeddings, sequences within the sliding window);
+layers.py: RMSNorm, rotary tables, KVLayer, ScoreRule and causal attention, shared by the families;
 checkpoint.py: selective safetensors reads; config.py: open a checkpoint, refuse unsupported architectures;
+portable.py: PortableConfig, a model config that unpickles without transformers;
 span.py: BlockSpan [start, end) and its SpanCache; client_head.py: embeddings, final norm and LM head;
-gguf.py: convert a GGUF file to a float checkpoint.
+gguf.py: convert a GGUF file to a float checkpoint; quantize.py: int8 / nf4 block weights (bitsandbytes) and the
+memory plan; int8_linear.py: LLM.int8 weights computed the way their device does it best.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The seam for a model family: `Architecture` (block config, block module, tensor names, client-head parts, KV
-shape, parameter count) and the registry that finds a family's adapter by the checkpoint's model_type.
+"""The seam for a model family: `Architecture` (block config, block module, tensor names, client-head parts and
+hooks, KV shape, LoRA targets, context limit, parameter count) and the registry that finds a family's adapter by
+the checkpoint's model_type.
 
 Adding a family is one module that defines `ARCHITECTURE` plus its model types in `FAMILIES` below. Called by
 config.py (open_checkpoint), span.py, client_head.py and peers/memory.py; the families import from here.
@@ -29,6 +30,17 @@ FAMILIES: dict[str, str] = {
     "qwen3": "swarm.partition.qwen3",
     "mixtral": "swarm.partition.mixtral",
     "phi3": "swarm.partition.phi3",
+    "gemma2": "swarm.partition.gemma2",
+}
+# peft's target module names -> their path inside a block, for the Llama-style blocks most families share
+LLAMA_LORA_TARGETS: dict[str, str] = {
+    "q_proj": "self_attn.q_proj",
+    "k_proj": "self_attn.k_proj",
+    "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj",
+    "gate_proj": "mlp.gate_proj",
+    "up_proj": "mlp.up_proj",
+    "down_proj": "mlp.down_proj",
 }
 
 
@@ -74,6 +86,24 @@ class HeadTensors:
     lm_head: str = "lm_head.weight"
 
 
+@dataclass(frozen=True, slots=True)
+class HeadHooks:
+    """What a family does around the blocks beyond embedding lookup, final norm and LM head (Gemma 2 does both)."""
+
+    embedding_scale: float = 1.0  # the embeddings are multiplied by it (in their own dtype) before the first block
+    logit_softcap: float = 0.0  # > 0: logits = softcap * tanh(logits / softcap)
+
+    def scale_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
+        if self.embedding_scale == 1.0:
+            return embeddings
+        return embeddings * torch.tensor(self.embedding_scale).to(embeddings.dtype)  # as transformers rounds it
+
+    def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.logit_softcap:
+            return logits
+        return torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+
+
 def block_tensor_prefix(index: int) -> str:
     return f"model.layers.{index}."
 
@@ -111,6 +141,20 @@ class Architecture(ABC):
         """(kv_heads, head_dim) of one token's key (and of its value) in one block's cache."""
         return cfg.num_kv_heads, cfg.head_dim
 
+    def lora_targets(self) -> dict[str, str]:
+        """peft's target module names this family's blocks take LoRA on -> their path inside a block (the same
+        path under `model.layers.{i}.` in transformers' model, so peft's saved names and ours agree)."""
+        return LLAMA_LORA_TARGETS
+
+    def head_hooks(self, cfg: BlockConfig) -> HeadHooks:
+        """Embedding scale and logit soft-cap of the client head (and of a training stage's ends)."""
+        return HeadHooks()
+
+    def check_context(self, cfg: BlockConfig, tokens: int) -> None:
+        """Refuse a sequence of `tokens` positions these blocks cannot compute as the model would (InvalidRequest
+        naming the limit). Every family here attends to its whole context; one with sliding windows may not."""
+        return None  # full attention over any context the positions allow
+
     def rotary(self, config: PretrainedConfig, cfg: BlockConfig) -> RotaryEmbedding:
         return RotaryEmbedding(config, cfg.rotary_dim)
 
@@ -131,14 +175,25 @@ def architecture_of(model_type: str) -> Architecture:
     return importlib.import_module(FAMILIES[model_type]).ARCHITECTURE
 
 
-def common_fields(config: PretrainedConfig, activation: str = "silu") -> dict:
-    """The BlockConfig fields every family reads alike, after refusing options no family here implements:
-    another activation, a sliding window that can matter, a rope type whose tables depend on the length."""
+def every_lora_target() -> dict[str, str]:
+    """The LoRA targets of every family (target name -> path in a block), for checks that precede knowing the
+    model: a name no family has is refused early (each name has one path in every family that has it)."""
+    targets: dict[str, str] = {}
+    for model_type in FAMILIES:
+        targets |= architecture_of(model_type).lora_targets()
+    return targets
+
+
+def common_fields(config: PretrainedConfig, activation: str = "silu", windows: bool = False) -> dict:
+    """The BlockConfig fields every family reads alike, after refusing options its blocks do not implement:
+    another activation, a sliding window that can matter (unless the family limits contexts to it: `windows`), a
+    rope type whose tables depend on the length."""
     if getattr(config, "hidden_act", activation) != activation:
         raise UnsupportedArchitectureError(
             f"hidden_act {config.hidden_act!r} is not supported for {config.model_type} (only {activation})"
         )
-    check_no_sliding_window(config)
+    if not windows:
+        check_no_sliding_window(config)
     check_rope_type(config)
     num_heads = config.num_attention_heads
     partial = rope_parameters(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))

@@ -1,4 +1,5 @@
-"""Layers every family's blocks share: RMSNorm, rotary tables, the KVLayer protocol and causal attention.
+"""Layers every family's blocks share: RMSNorm, rotary tables, the KVLayer protocol, attention scores (ScoreRule)
+and causal attention.
 
 Family modules (llama.py, qwen3.py, mixtral.py, phi3.py) build their blocks from these; span.py and the peer's
 paged path (peers/paged_attention.py) supply rotary tables and KV layers to them.
@@ -6,6 +7,7 @@ paged path (peers/paged_attention.py) supply rotary tables and KV layers to them
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -17,7 +19,7 @@ from swarm.errors import UnsupportedArchitectureError
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from swarm.partition.config import PortableConfig
+    from swarm.partition.portable import PortableConfig
 
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})  # inv_freq does not depend on length
 
@@ -97,20 +99,70 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([rotated * cos + _rotate_half(rotated) * sin, passed], dim=-1)
 
 
+@dataclass(frozen=True, slots=True)
+class ScoreRule:
+    """Attention scores other than SDPA's q.k / sqrt(head_dim): another scale, and a tanh soft-cap (Gemma 2)."""
+
+    scale: float | None = None  # None: 1 / sqrt(head_dim)
+    softcap: float = 0.0  # > 0: scores = softcap * tanh(scores / softcap), before the mask
+
+
 class KVLayer(Protocol):
     """Where one block keeps its keys and values, and how its new tokens attend to them."""
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: ScoreRule | None = None) -> torch.Tensor:
         """Store the new tokens' k, v [batch, kv_heads, new, head_dim] and return the attention of q
-        [batch, heads, new, head_dim] over everything the layer holds, causally: [batch, heads, new, head_dim]."""
+        [batch, heads, new, head_dim] over everything the layer holds, causally: [batch, heads, new, head_dim];
+        scores formed by `rule` (None: SDPA's)."""
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    rule: ScoreRule | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """SDPA of q [..., heads, new, d] over k, v [..., kv_heads, context, d]; `mask` bool, True where a query may
+    attend. A soft-capped rule is computed explicitly (SDPA has no hook between scores and softmax), so only the
+    families that cap pay for it."""
+    if rule is None or not rule.softcap:
+        scale = rule.scale if rule is not None else None
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+    return _capped_attention(q, k, v, mask, is_causal, rule)
+
+
+def _capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, rule: ScoreRule
+) -> torch.Tensor:
+    """As transformers' eager attention with softcap: scale, cap, mask, softmax in float32, weights in q's dtype."""
+    if k.shape[-3] != q.shape[-3]:  # grouped-query: each KV head serves a group of query heads
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scale = rule.scale if rule.scale is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / rule.softcap) * rule.softcap
+    if is_causal:
+        new, total = q.shape[-2], k.shape[-2]
+        mask = torch.ones(new, total, dtype=torch.bool, device=q.device).tril(diagonal=total - new)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool, rule: ScoreRule | None = None
+) -> torch.Tensor:
     """q: [batch, heads, new, dim] attends to k, v: [batch, kv_heads, past + new, dim], causally."""
     new, total = q.shape[2], k.shape[2]
     if new == 1:
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa)
+        return attention(q, k, v, rule=rule, enable_gqa=enable_gqa)
     if new == total:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
+        return attention(q, k, v, is_causal=True, rule=rule, enable_gqa=enable_gqa)
     mask = torch.ones(new, total, dtype=torch.bool, device=q.device).tril(diagonal=total - new)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
+    return attention(q, k, v, mask=mask, rule=rule, enable_gqa=enable_gqa)

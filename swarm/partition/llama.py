@@ -15,13 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from swarm.partition.architecture import Architecture, BlockConfig, common_fields
-from swarm.partition.layers import KVLayer, RMSNorm, apply_rotary, causal_attention
+from swarm.partition.layers import KVLayer, RMSNorm, ScoreRule, apply_rotary, causal_attention
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
 class Attention(nn.Module):
+    rule: ScoreRule | None = None  # how scores are formed; None: SDPA's own (families that scale or cap set one)
+
     def __init__(self, cfg: BlockConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -48,9 +50,9 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in self.project(x))
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if kv is not None:
-            out = kv.attend(q, k, v)
+            out = kv.attend(q, k, v, self.rule)
         else:
-            out = causal_attention(q, k, v, enable_gqa=cfg.num_kv_heads != cfg.num_heads)
+            out = causal_attention(q, k, v, cfg.num_kv_heads != cfg.num_heads, self.rule)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, cfg.num_heads * cfg.head_dim))
 
 

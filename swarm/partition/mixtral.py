@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swarm.errors import UnsupportedArchitectureError
-from swarm.partition.architecture import Architecture, BlockConfig, common_fields
+from swarm.partition.architecture import LLAMA_LORA_TARGETS, Architecture, BlockConfig, common_fields
 from swarm.partition.llama import LlamaBlock, attention_parameters
 
 if TYPE_CHECKING:
@@ -80,6 +80,11 @@ class MixtralFamily(Architecture):
 
     def block(self, cfg: BlockConfig) -> nn.Module:
         return MixtralBlock(cfg)
+
+    def lora_targets(self) -> dict[str, str]:
+        """The attention's projections: transformers keeps the experts as fused tensors and the router as a module
+        of its own, none of them a linear layer peft can target, so LoRA on them would load nowhere else."""
+        return {name: path for name, path in LLAMA_LORA_TARGETS.items() if path.startswith("self_attn.")}
 
     def block_tensors(self, cfg: BlockConfig, index: int) -> dict[str, str]:
         names = super().block_tensors(cfg, index)

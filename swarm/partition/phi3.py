@@ -59,6 +59,14 @@ class Phi3Family(Architecture):
     def block(self, cfg: BlockConfig) -> nn.Module:
         return Phi3Block(cfg)
 
+    def lora_targets(self) -> dict[str, str]:
+        return {  # its fused layers are peft's targets too (transformers' Phi3 has the same modules)
+            "qkv_proj": "self_attn.qkv_proj",
+            "o_proj": "self_attn.o_proj",
+            "gate_up_proj": "mlp.gate_up_proj",
+            "down_proj": "mlp.down_proj",
+        }
+
     def block_parameters(self, cfg: BlockConfig) -> int:
         hidden = cfg.hidden_size
         qkv = hidden * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim

@@ -17,7 +17,7 @@ from torch import nn
 from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
 from swarm.partition.architecture import BlockConfig, architecture_of
 from swarm.partition.config import open_checkpoint
-from swarm.partition.layers import KVLayer, RotaryEmbedding, causal_attention
+from swarm.partition.layers import KVLayer, RotaryEmbedding, ScoreRule, causal_attention
 from swarm.partition.quantize import Quant, check_quant, module_bytes, quantize_linears
 from swarm.progress import progress_bar
 
@@ -62,11 +62,11 @@ class _ContiguousLayer:
     values: torch.Tensor  # [batch, kv_heads, max_length, head_dim]
     position: int  # of the first new token
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: ScoreRule | None = None) -> torch.Tensor:
         end = self.position + k.shape[2]
         self.keys[:, :, self.position : end] = k
         self.values[:, :, self.position : end] = v
-        return causal_attention(q, self.keys[:, :, :end], self.values[:, :, :end], q.shape[1] != k.shape[1])
+        return causal_attention(q, self.keys[:, :, :end], self.values[:, :, :end], q.shape[1] != k.shape[1], rule)
 
 
 class BlockSpan(nn.Module):
@@ -79,16 +79,27 @@ class BlockSpan(nn.Module):
             raise InvalidSpan(f"span [{start}, {end}) is empty or outside the model's {cfg.num_layers} blocks")
         self.cfg, self.start, self.end = cfg, start, end
         self.rotary = rotary
-        architecture = architecture_of(cfg.model_type)
-        self.blocks = nn.ModuleList(architecture.block(cfg) for _ in range(end - start))
+        self.architecture = architecture_of(cfg.model_type)
+        self.blocks = nn.ModuleList(self.architecture.block(cfg) for _ in range(end - start))
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.blocks[0].input_layernorm.weight.dtype
+        """The dtype the blocks compute in: their floating-point weights' (quantised layers hold integer ones)."""
+        return next(p.dtype for p in self.blocks[0].parameters() if p.is_floating_point())
 
     @property
     def device(self) -> torch.device:
-        return self.blocks[0].input_layernorm.weight.device
+        return next(self.blocks[0].parameters()).device
+
+    @property
+    def kv_shape(self) -> tuple[int, int]:
+        """(kv_heads, head_dim) of one token's key or value in one block (Architecture.kv_shape)."""
+        return self.architecture.kv_shape(self.cfg)
+
+    def check_context(self, tokens: int) -> None:
+        """InvalidRequest unless a sequence may hold `tokens` positions in these blocks (Architecture.check_context:
+        a sliding window this repository does not compute, for one)."""
+        self.architecture.check_context(self.cfg, tokens)
 
     def parameter_bytes(self) -> int:
         """Bytes of the blocks' weights as held (quantised layers' scales included)."""
@@ -97,6 +108,7 @@ class BlockSpan(nn.Module):
     def new_cache(self, batch_size: int, max_length: int, blocks: range | None = None) -> SpanCache:
         """A KV cache for all blocks of the span, or for the sub-range `blocks` (absolute indices)."""
         num_blocks = len(self.sub_range(blocks))
+        self.check_context(max_length)
         return SpanCache(self.cfg, num_blocks, batch_size, max_length, self.dtype, str(self.device))
 
     def sub_range(self, blocks: range | None) -> range:
@@ -168,6 +180,7 @@ class BlockSpan(nn.Module):
             )
         if position < 0:
             raise InvalidRequest(f"position must be >= 0, got {position}")
+        self.check_context(position + hidden.shape[1])
         if cache is None:
             return
         if hidden.shape[0] != cache.batch_size:

@@ -1,7 +1,10 @@
 """Where peers find each other: a hivemind DHT holding one expiring record per peer.
 
 records.py: PeerInfo <-> DHT value (validated); dht.py: Registry, the sync facade; announce.py: Announcer,
-the refresher thread that keeps a peer's record alive.
+the refresher thread that keeps a peer's record alive; signing.py: records signed by their writer; membership.py:
+a private swarm's members only; addresses.py: initial peers, checked; hosts.py: listen and announce addresses;
+reachability.py: can others dial an announced address; bound_dht.py and fork_guard.py: hivemind's processes die
+with their parent.
 """
 
 from __future__ import annotations

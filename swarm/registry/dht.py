@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from swarm.errors import PeerUnavailable
-from swarm.registry import reachability
 from swarm.registry.addresses import initial_peer_list
 from swarm.registry.hosts import LOOPBACK, HostConfig, free_port, multiaddr, multiaddr_host
+from swarm.registry.reachability import Reachability
+from swarm.registry.reachability import check as check_reachability
+from swarm.registry.reachability import serve as serve_reachability
 from swarm.registry.records import InvalidRecord, from_dht, to_dht
 from swarm.registry.signing import RecordSigning, split_subkey
 from swarm.security import SwarmCredentials
@@ -98,15 +100,15 @@ class Registry:
             raise PeerUnavailable(f"cannot join the DHT through {initial_peers}: {error}") from error
         self.initial_peers = initial_peers
         if not client_mode:
-            reachability.serve(self.dht)
+            serve_reachability(self.dht)
             announced = multiaddr_host_port(self.addresses[0]) if self.addresses else None
             if announced is not None:
                 self.check_reachable(*announced, what="DHT node")
 
-    def check_reachable(self, host: str, port: int, what: str) -> reachability.Reachability:
+    def check_reachable(self, host: str, port: int, what: str) -> Reachability:
         """Whether others can connect to host:port, asked of another DHT node (swarm/registry/reachability.py);
         logs a warning naming --announce-host when they cannot."""
-        return reachability.check(self.dht, host, port, self.initial_peers, what)
+        return check_reachability(self.dht, host, port, self.initial_peers, what)
 
     @property
     def addresses(self) -> list[str]:

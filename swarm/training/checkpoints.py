@@ -2,8 +2,13 @@
 atomically so that a reader sees a whole checkpoint or none.
 
 Layout: ROOT/RUN_ID/stage-SSSS-EEEE/step-NNNNNNNN/{model.safetensors, optimizer.pt, meta.json}. A checkpoint is
-written into a hidden temporary directory and renamed into place; when two replicas of a stage save the same
+written into a hidden temporary directory and renamed into place, and the stage directory is fsynced after the
+rename (else a crash could lose the rename while the files survive); when two replicas of a stage save the same
 step, the second rename fails and its copy is discarded (both held the same averaged state).
+
+The directory is shared by several operators' replicas, so reading a checkpoint must not run code: optimizer.pt is
+loaded with `weights_only=True` (tensors, numbers, strings and containers only; a pickle naming any other class or
+function is refused as a CheckpointError).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -55,6 +61,7 @@ def write_stage_checkpoint(root: str | Path, run_id: str, start: int, end: int, 
         for file in tmp.iterdir():
             _fsync(file)
         os.rename(tmp, final)
+        _fsync_directory(parent)
     except OSError:
         if not final.exists():
             raise
@@ -76,8 +83,8 @@ def read_stage_checkpoint(path: str | Path) -> StageSnapshot:
     try:
         meta = json.loads((path / META).read_text())
         tensors = load_file(str(path / "model.safetensors"))
-        optimizer = torch.load(path / "optimizer.pt", weights_only=False)
-    except (OSError, ValueError, RuntimeError) as error:
+        optimizer = torch.load(path / "optimizer.pt", weights_only=True)
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as error:
         raise CheckpointError(f"cannot read stage checkpoint {path}: {error}") from error
     return StageSnapshot(int(meta["step"]), tensors, optimizer)
 
@@ -85,3 +92,12 @@ def read_stage_checkpoint(path: str | Path) -> StageSnapshot:
 def _fsync(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
+
+
+def _fsync_directory(path: Path) -> None:
+    """Make a rename inside `path` durable (the entry lives in the directory, not in the renamed files)."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)

@@ -41,7 +41,7 @@ class Sweep:
 class ReplicaChurn:
     """Start with `start()`, stop with `stop()`; `kills` and `seen` tell what happened."""
 
-    job: Any  # swarm.training.job.TrainingJob, started
+    job: Any  # peers.training.job.TrainingJob, started
     period_s: float
     seed: int = 0
     max_kills: int | None = None  # stop killing once this many replicas were killed (None: until stop())

@@ -6,7 +6,7 @@ on another replica of the same stage (the failed one is banned with backoff); a 
 replica than its forward did, which is fine: stages keep no state between the two. The trainer holds no
 parameters: the first stage embeds, the last computes the loss.
 
-Plain class; swarm/training/job.py runs it as a Ray actor, tests and benchmarks also in-process.
+Plain class; peers/training/job.py runs it as a Ray actor, tests and benchmarks also in-process.
 """
 
 from __future__ import annotations

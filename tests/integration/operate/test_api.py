@@ -5,11 +5,14 @@ serving on after each), and a client that goes away closing its session on the p
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
@@ -21,10 +24,12 @@ from swarm.registry import Registry
 from swarm.security import SwarmCredentials
 
 from ..daemons import poll_until
+from ..user_process import run_cli
 from .conftest import API_KEY, ORPHAN_MODEL, RunningApi, RunningSwarm
 
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+UNREACHABLE = "/ip4/127.0.0.1/tcp/1/p2p/QmXnBkqZqU1JmmjUcHHZxQmLkApvz6bDmVdDa2CQRo9Jcn"  # nothing is dialled
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +211,94 @@ def test_a_client_that_times_out_waiting_for_a_whole_answer_closes_its_session(
         )
     poll_until(lambda: _open_sessions(metrics) == 0, 25, lambda: f"{_open_sessions(metrics)} sessions still open")
     assert time.monotonic() - started < 35
+
+
+def test_a_stream_cancelled_before_its_first_chunk_stops_and_frees_its_slot(
+    running_api: RunningApi, running_swarm: RunningSwarm
+) -> None:
+    """A real HTTP client asks for a streamed completion of 2,000 tokens whose first chunk comes late (a prompt of
+    600 tokens to prefill), and hangs up once the peers hold its session, before any chunk has come. Its generation
+    stops: its sessions close within a few times what its prefill and first token take (measured just before, the
+    same prompt with max_tokens=1), where 2,000 tokens would take many times that; and a request after it is
+    answered. (Through Ray Serve 2.60 the response starts iterating the stream at once, so this held before the fix
+    as well; the next test is where a stream closed before it was iterated went on generating.)"""
+    metrics = _peer_metrics(running_swarm)
+    client = openai.OpenAI(base_url=f"{running_api.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=180)
+    prompt = [504, 3, 77, 1000] * 150
+    started = time.monotonic()
+    client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    first_token_s = time.monotonic() - started
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    received = _post_then_hang_up(running_api.base_url, "/v1/completions", body, lambda: _open_sessions(metrics) == 2)
+    assert b"data:" not in received, received  # the hang-up came before the first chunk
+    hung_up = time.monotonic()
+    bound = 3 * first_token_s + 10
+    poll_until(lambda: _open_sessions(metrics) == 0, bound, lambda: f"{_open_sessions(metrics)} sessions open")
+    print(f"first token {first_token_s:.1f} s; sessions closed {time.monotonic() - hung_up:.1f} s after the hang-up")
+    assert client.completions.create(model=MODEL, prompt="Count: one, two,", max_tokens=2, temperature=0).choices
+
+
+def test_a_stream_closed_before_its_first_chunk_frees_the_only_slot(
+    python_client: DistributedModelForCausalLM, running_swarm: RunningSwarm
+) -> None:
+    """The same at the API service's own seam, where the web framework hands over: a streamed answer closed before
+    its first chunk is taken (the response was cancelled before it iterated) stops its generation, so that a
+    service of one slot answers the next request at once instead of after 400 tokens. Before the fix the stream was
+    an async generator whose `finally` never ran unless started: the slot stayed held and this timed out."""
+    import asyncio
+
+    from swarm.api.protocol import CompletionRequest
+    from swarm.api.service import OpenAIService, ServedModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(running_swarm.model_path))
+    service = OpenAIService([ServedModel(MODEL, running_swarm.model_path, python_client, tokenizer)], 4, 1)
+    metrics = _peer_metrics(running_swarm)
+
+    async def scenario() -> dict:
+        long = CompletionRequest(
+            model=MODEL, prompt="Tell a long story:", max_tokens=400, stream=True, ignore_eos=True
+        )
+        stream = await service.complete(long)
+        await stream.aclose()
+        short = CompletionRequest(model=MODEL, prompt="Count: one, two,", max_tokens=2, temperature=0)
+        return await asyncio.wait_for(service.complete(short), 30)  # 400 tokens take ~40 s here
+
+    try:
+        assert asyncio.run(scenario())["choices"]
+        poll_until(lambda: _open_sessions(metrics) == 0, 15, lambda: f"{_open_sessions(metrics)} sessions still open")
+    finally:
+        service.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.mark.parametrize("content", ["", "# keys for the API\n\n   \n# test-key-1\n"])
+def test_an_api_keys_file_without_a_key_refuses_to_start(smollm2_path: Path, tmp_path: Path, content: str) -> None:
+    """Serving with it would accept every caller: `swarm api` stops at once, naming the flag (no Ray started)."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(content)
+    run = run_cli(
+        "api", "--open", "--initial-peers", UNREACHABLE, "--model", str(smollm2_path), "--api-keys", str(keys)
+    )
+    assert run.returncode == 2, run.stderr
+    assert "--api-keys" in run.stderr and "holds no key" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not run.survivors
+
+
+def _post_then_hang_up(base_url: str, path: str, body: dict, until: Callable[[], bool]) -> bytes:
+    """POST `body` over a plain socket, wait for `until`, then close the connection; returns what had arrived."""
+    address = urllib.parse.urlsplit(base_url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {address.netloc}\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    with socket.create_connection((address.hostname, address.port), timeout=30) as connection:
+        connection.sendall(head.encode() + payload)
+        poll_until(until, 60, lambda: "the request never opened its session")
+        connection.setblocking(False)
+        try:
+            return connection.recv(1 << 20)
+        except BlockingIOError:
+            return b""
 
 
 def _peer_metrics(running_swarm: RunningSwarm) -> list[str]:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from ...machine_pace import scaled
 from ..user_process import UserProcess, UserRun, run_cli, run_script
 from .conftest import RunningSwarm
 
-EXIT_LAG_S = 2.0  # a process is gone this soon after its last word
+EXIT_LAG_S = 2.0  # a process is gone this soon after its last word (on a quiet machine: tests/machine_pace.py)
 INTERRUPT_LAG_S = 5.0  # and this soon after Ctrl-C
 UNREACHABLE = "/ip4/127.0.0.1/tcp/1/p2p/QmXnBkqZqU1JmmjUcHHZxQmLkApvz6bDmVdDa2CQRo9Jcn"
 
@@ -23,7 +24,7 @@ def assert_clean_usage_error(run: UserRun, flag: str) -> None:
     assert run.returncode == 2, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
     assert flag in run.stderr, run.stderr
-    assert run.exit_lag_s <= EXIT_LAG_S, f"exited {run.exit_lag_s:.1f} s after its message"
+    assert run.exit_lag_s <= scaled(EXIT_LAG_S), f"exited {run.exit_lag_s:.1f} s after its message"
     assert not run.survivors, run.survivors
 
 
@@ -66,7 +67,7 @@ def test_an_unreachable_swarm_fails_at_once_with_nothing_left_behind(smollm2_pat
     run = run_cli("status", "--open", "--initial-peers", UNREACHABLE)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "cannot join the DHT" in run.stderr
-    assert run.exit_lag_s <= EXIT_LAG_S and not run.survivors, (run.exit_lag_s, run.survivors)
+    assert run.exit_lag_s <= scaled(EXIT_LAG_S) and not run.survivors, (run.exit_lag_s, run.survivors)
 
 
 PREAMBLE = """
@@ -129,7 +130,7 @@ def test_library_arguments_are_checked_before_anything_starts(running_swarm: Run
     for label, argument in expected.items():
         assert lines[label].startswith(f"InvalidArgument [{argument}]"), (label, lines.get(label), run.stderr[-2000:])
     assert "generated 5" in run.stdout, run.stderr[-3000:]
-    assert run.returncode == 0 and run.exit_lag_s <= EXIT_LAG_S, (run.returncode, run.exit_lag_s)
+    assert run.returncode == 0 and run.exit_lag_s <= scaled(EXIT_LAG_S), (run.returncode, run.exit_lag_s)
     assert not run.survivors, run.survivors
 
 
@@ -153,7 +154,7 @@ def test_a_script_exits_promptly_however_it_ends(running_swarm: RunningSwarm, sm
     )
     assert "done" in run.stdout, run.stderr[-3000:]
     assert run.returncode == (1 if ending == "exception" else 0)
-    assert run.exit_lag_s <= EXIT_LAG_S, f"{ending}: exited {run.exit_lag_s:.1f} s after its last word"
+    assert run.exit_lag_s <= scaled(EXIT_LAG_S), f"{ending}: exited {run.exit_lag_s:.1f} s after its last word"
     assert not run.survivors, run.survivors
 
 
@@ -164,7 +165,7 @@ def test_ctrl_c_on_generate_exits_at_once_and_leaves_nothing(running_swarm: Runn
     process.interrupt()
     run = process.finish(60)
     assert run.returncode == 130 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    assert run.exit_lag_s <= INTERRUPT_LAG_S, f"exited {run.exit_lag_s:.1f} s after Ctrl-C"
+    assert run.exit_lag_s <= scaled(INTERRUPT_LAG_S), f"exited {run.exit_lag_s:.1f} s after Ctrl-C"
     assert not run.survivors, run.survivors
 
 
@@ -190,7 +191,8 @@ def test_ctrl_c_while_a_daemon_starts_stops_it_at_once(
     run = process.finish(60)
     assert run.returncode == 130, run.stderr[-3000:]
     assert run.stderr.splitlines() == [f"swarm {command}: interrupted"], run.stderr[-3000:]
-    assert run.signal_lag_s is not None and run.signal_lag_s <= INTERRUPT_LAG_S, f"exited {run.signal_lag_s} s after"
+    lag = run.signal_lag_s
+    assert lag is not None and lag <= scaled(INTERRUPT_LAG_S), f"exited {lag} s after"
     assert not run.survivors, run.survivors
 
 
@@ -204,10 +206,10 @@ def test_swarm_up_leaves_nothing_running_however_it_ends(smollm2_path: Path, end
         run = process.finish(60)
         assert run.returncode == 0 and "swarm stopped (all work finished)" in run.stdout, run.stderr[-3000:]
         assert_no_dump(run.stderr)
-        assert run.signal_lag_s is not None and run.signal_lag_s <= INTERRUPT_LAG_S, run.signal_lag_s
+        assert run.signal_lag_s is not None and run.signal_lag_s <= scaled(INTERRUPT_LAG_S), run.signal_lag_s
     else:
         process.kill()
-        run = process.finish(10, children_grace_s=RAY_LINGER_S)
+        run = process.finish(10, children_grace_s=scaled(RAY_LINGER_S))
     assert not run.survivors, run.survivors
 
 
@@ -218,5 +220,5 @@ def test_ctrl_c_on_monitor_stops_it_at_once(running_swarm: RunningSwarm) -> None
     run = process.finish(30)
     assert run.returncode == 0, run.stderr[-3000:]
     assert_no_dump(run.stderr)
-    assert run.signal_lag_s is not None and run.signal_lag_s <= INTERRUPT_LAG_S, run.signal_lag_s
+    assert run.signal_lag_s is not None and run.signal_lag_s <= scaled(INTERRUPT_LAG_S), run.signal_lag_s
     assert not run.survivors, run.survivors

@@ -14,8 +14,8 @@ import socket
 import pytest
 
 from peers.training.actor import TrainingStagePeer
+from peers.training.job import TrainingJob
 from swarm.registry import Registry
-from swarm.training.job import TrainingJob
 from swarm.training.trainer import Trainer
 
 pytestmark = pytest.mark.timeout(120)

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from peers.training.boot_priority import may_leave_idle
+from peers.training.job import TrainingJob
 from swarm.training.churn import ReplicaChurn
 from swarm.training.config import TrainConfig
 from swarm.training.data import load_dataset
 from swarm.training.export import export_run
-from swarm.training.job import TrainingJob
 from swarm.training.reference import evaluate_reference, train_reference
 
 STEPS = 16

@@ -4,10 +4,11 @@ client is, and the CLI flags that set them."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
-from peers.config import PeerConfig
+from peers.config import PeerConfig, PlacementConfig, ServerConfig
 from peers.limits import (
     MAX_TRACKED_CLIENTS,
     MESSAGE_OVERHEAD_BYTES,
@@ -18,8 +19,8 @@ from peers.limits import (
     StreamBudget,
     client_key,
     stream_bytes_for,
+    uploader_key,
 )
-from peers.server import ServerConfig
 from swarm.cli.peer import add_peer_flags
 from swarm.errors import LimitExceeded, Overloaded
 
@@ -128,7 +129,35 @@ def test_client_key(context: Context, key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"sessions_per_client": 0}, {"requests_per_s": 0}, {"request_burst": -1}, {"stream_bytes": -1}]
+    ("context", "key"),
+    [
+        (Context("ipv4:10.0.0.2:1"), "ipv4:10.0.0.2"),
+        (Context("ipv4:10.0.0.2:1", (("x-swarm-client", "alice"),)), "ipv4:10.0.0.2/name:alice"),
+        (Context("ipv4:10.0.0.3:1", (("x-swarm-client", "alice"),)), "ipv4:10.0.0.3/name:alice"),  # not the same
+        (Context("unix:/tmp/socket", (("x-swarm-client", "bob"),)), "unix:/tmp/socket/name:bob"),
+    ],
+)
+def test_uploader_key_never_trusts_a_name_alone(context: Context, key: str) -> None:
+    assert uploader_key(context) == key
+
+
+def test_adapter_byte_flags_reach_the_limits() -> None:
+    limits = PeerConfig.from_args(parse("--adapter-bytes-per-client=1000", "--adapter-bytes=5000")).server.limits
+    assert (limits.adapter_bytes_per_client, limits.adapter_bytes) == (1000, 5000)
+    with pytest.raises(SystemExit):
+        parse("--adapter-bytes=0")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"sessions_per_client": 0},
+        {"requests_per_s": 0},
+        {"request_burst": -1},
+        {"stream_bytes": -1},
+        {"adapter_bytes_per_client": 0},
+        {"adapter_bytes": 0},
+    ],
 )
 def test_limits_must_be_positive(bad: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
@@ -141,13 +170,11 @@ def parse(*flags: str) -> argparse.Namespace:
     return parser.parse_args(["--model", "m", "--open", *flags])
 
 
-def test_flag_defaults_are_the_configs() -> None:
+def test_flags_left_out_keep_the_configs_defaults() -> None:
+    """The tuning flags have no defaults of their own (swarm/cli/_peer_flags.py): peers/config.py's are used."""
     config = PeerConfig.from_args(parse())
-    assert config.server.limits == LimitsConfig()
-    assert config.server.max_message_bytes == ServerConfig().max_message_bytes
-    engine_fields = ("cache_tokens", "page_size", "max_batch_tokens", "session_idle_s", "max_sessions")
-    assert [getattr(config.server, f) for f in engine_fields] == [getattr(ServerConfig(), f) for f in engine_fields]
-    assert config.threads == 0  # one per core
+    assert config.server == dataclasses.replace(ServerConfig(), credentials=config.server.credentials)
+    assert config.placement == PlacementConfig()
 
 
 def test_threads_flag_sizes_the_compute_pool() -> None:

@@ -1,15 +1,17 @@
 """peers/lora.py on a tiny random span: a forward with an adapter equals the span with merged weights
 W + scaling * B @ A; a backward's adapter gradients equal autograd through the merged weights; the cache answers
-AdapterNotFound for what it does not hold, and uploads of the wrong shape are refused."""
+AdapterNotFound for what it does not hold, keeps each uploader's copies apart within a byte budget, and uploads of
+the wrong shape are refused."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from peers.adapter_budget import AdapterBudget
 from peers.backend import BackwardJob, ForwardJob, SpanBackend
-from peers.lora import AdapterCache, AdapterKey, LoraWeights, check_shapes
-from swarm.errors import AdapterNotFound, InvalidRequest
+from peers.lora import IDLE_EVICT_S, AdapterCache, AdapterKey, LoraWeights, check_shapes
+from swarm.errors import AdapterNotFound, InvalidRequest, LimitExceeded
 
 RANK, SCALING = 4, 2.0
 KEY = AdapterKey("a", 1)
@@ -56,16 +58,46 @@ def test_forward_and_backward_equal_merged_weights(tiny_span) -> None:
     assert all(not isinstance(m, torch.nn.Module) or type(m).__name__ != "_LoraLinear" for m in tiny_span.modules())
 
 
-def test_cache_holds_one_version_per_adapter_and_evicts_the_oldest(tiny_span) -> None:
-    cache = AdapterCache(max_adapters=2)
-    cache.put(lora_weights(tiny_span, AdapterKey("a", 1)))
-    assert cache.get(AdapterKey("a", 1), range(0, 4)).key == AdapterKey("a", 1)
+def test_cache_holds_one_version_per_adapter_and_evicts_the_owners_oldest(tiny_span) -> None:
+    size = lora_weights(tiny_span).nbytes
+    cache = AdapterCache(AdapterBudget(per_client=2 * size, total=100 * size))
+    cache.put("alice", lora_weights(tiny_span, AdapterKey("a", 1)))
+    assert cache.get("alice", AdapterKey("a", 1), range(0, 4)).key == AdapterKey("a", 1)
     with pytest.raises(AdapterNotFound):
-        cache.get(AdapterKey("a", 2), range(0, 4))  # a newer version must be uploaded
-    cache.put(lora_weights(tiny_span, AdapterKey("b", 1)))
-    cache.put(lora_weights(tiny_span, AdapterKey("c", 1)))
+        cache.get("alice", AdapterKey("a", 2), range(0, 4))  # a newer version must be uploaded
+    cache.put("alice", lora_weights(tiny_span, AdapterKey("b", 1)))
+    cache.put("alice", lora_weights(tiny_span, AdapterKey("c", 1)))
     with pytest.raises(AdapterNotFound):
-        cache.get(AdapterKey("a", 1), range(0, 4))  # evicted: least recently used
+        cache.get("alice", AdapterKey("a", 1), range(0, 4))  # evicted: alice's least recently used
+    assert cache.budget.held("alice") == 2 * size
+
+
+def test_one_uploader_never_reaches_anothers_uploads(tiny_span) -> None:
+    """Same id, another uploader: a separate copy. Another's uploads are evicted only once idle for IDLE_EVICT_S;
+    until then a full peer refuses naming the limit."""
+    size, now = lora_weights(tiny_span).nbytes, [0.0]
+    cache = AdapterCache(AdapterBudget(per_client=3 * size, total=4 * size), clock=lambda: now[0])
+    cache.put("alice", lora_weights(tiny_span, KEY))
+    with pytest.raises(AdapterNotFound):
+        cache.get("bob", KEY, range(0, 4))  # alice's upload is not bob's
+    cache.put("bob", lora_weights(tiny_span, AdapterKey("b", 1)))
+    cache.put("bob", lora_weights(tiny_span, AdapterKey("c", 1)))
+    cache.put("bob", lora_weights(tiny_span, AdapterKey("d", 1)))
+    with pytest.raises(LimitExceeded, match=r"adapter_bytes exceeded.*uploads of all clients hold"):
+        cache.put("carol", lora_weights(tiny_span, AdapterKey("e", 1)))
+    assert cache.get("alice", KEY, range(0, 4)).key == KEY  # still alice's, still held
+    cache.put("bob", lora_weights(tiny_span, AdapterKey("e", 1)))  # bob makes room among his own
+    with pytest.raises(AdapterNotFound):
+        cache.get("bob", AdapterKey("b", 1), range(0, 4))
+    assert cache.get("alice", KEY, range(0, 4)).key == KEY
+    with pytest.raises(LimitExceeded, match="adapter_bytes_per_client"):
+        AdapterCache(AdapterBudget(per_client=size - 1, total=4 * size)).put("alice", lora_weights(tiny_span))
+    now[0] = IDLE_EVICT_S + 1  # everyone idle now: a newcomer may take the least recently used (bob's c)
+    cache.put("carol", lora_weights(tiny_span, AdapterKey("e", 1)))
+    with pytest.raises(AdapterNotFound):
+        cache.get("bob", AdapterKey("c", 1), range(0, 4))
+    assert cache.get("alice", KEY, range(0, 4)).key == KEY
+    assert cache.budget.total_held == 4 * size
 
 
 def test_uploads_that_do_not_fit_the_layers_are_refused(tiny_span) -> None:

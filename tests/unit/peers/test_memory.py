@@ -7,10 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from peers.config import PeerConfig, PlacementConfig
+from peers.config import PeerConfig, PlacementConfig, ServerConfig
 from peers.kv_cache import PoolShape
 from peers.memory import GIB, block_bytes, block_parameters, blocks_for_peer, blocks_that_fit, kv_cache_bytes_per_token
-from peers.server import ServerConfig
 from swarm.errors import InvalidRequest
 from swarm.partition import BlockConfig, BlockSpan, architecture_of
 from swarm.partition.llama import LlamaBlock
@@ -41,8 +40,9 @@ def test_parameter_count_matches_a_real_block(hf_config) -> None:
         ("mixtral", {}),
         ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 1}),
         ("phi3", {}),
+        ("gemma2", {}),
     ],
-    ids=["qwen3", "qwen3-bias", "mixtral", "mixtral-8-experts", "phi3"],
+    ids=["qwen3", "qwen3-bias", "mixtral", "mixtral-8-experts", "phi3", "gemma2"],
 )
 def test_every_family_counts_its_block_as_transformers_and_its_own_module_do(
     tmp_path, family: str, options: dict

@@ -136,6 +136,7 @@ def test_served_adapters_load_a_directory_and_refuse_what_peers_cannot_compute(t
         served.add("base:bad", alpha)
 
 
+@pytest.mark.integration  # it starts a gRPC server (tests/tiers.py)
 def test_a_peer_server_serves_its_adapters_directory(tiny_span, tmp_path: Path) -> None:
     """ServerConfig.adapters (`swarm peer join --adapters DIR`) is loaded before the server listens."""
     from peers.server import PeerServer, ServerConfig

@@ -1,8 +1,10 @@
-"""Stage checkpoints are written whole or not at all, the newest complete one is found, and a second writer of the
-same step does not break the first one's."""
+"""Stage checkpoints are written whole or not at all, the newest complete one is found, a second writer of the
+same step does not break the first one's, and reading one never runs code from the shared directory."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,38 @@ def test_incomplete_directories_are_ignored_and_bad_ones_refused(tmp_path: Path)
     assert latest_stage_checkpoint(tmp_path, "run", 0, 2).name == "step-00000005"
     with pytest.raises(CheckpointError, match="cannot read stage checkpoint"):
         read_stage_checkpoint(stage_dir(tmp_path, "run", 0, 2) / "step-00000009")
+
+
+class RunsCode:
+    """A pickle that calls a function when loaded: what a hostile operator could leave in a shared directory."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_an_optimizer_file_that_would_run_code_is_refused_without_running_it(tmp_path: Path) -> None:
+    path = write_stage_checkpoint(tmp_path, "run", 0, 2, snapshot(5, 1.0))
+    marker = tmp_path / "ran"
+    torch.save({"state": {}, "k": RunsCode(marker)}, path / "optimizer.pt")
+    with pytest.raises(CheckpointError, match="cannot read stage checkpoint"):
+        read_stage_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_the_stage_directory_is_synced_after_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename is an entry of the stage directory: without its fsync a crash may lose a checkpoint whose files
+    were synced."""
+    synced: list[tuple[bool, bool]] = []  # (a directory, the checkpoint renamed by then)
+    real_fsync = os.fsync
+    final = stage_dir(tmp_path, "run", 0, 2) / "step-00000005"
+
+    def fsync(fd: int) -> None:
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), final.exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_stage_checkpoint(tmp_path, "run", 0, 2, snapshot(5, 1.0))
+    assert (True, True) in synced

@@ -1,73 +1,24 @@
 """Gradient averaging between stage replicas over their own gRPC servers (peers/training/gradient_exchange.py).
 
-Each member is a real GradientExchange behind a real TrainingStageService on 127.0.0.1; rounds run in threads, as
-the replicas' backwards and StepNow calls would run them.
+Each member is a real GradientExchange behind a real TrainingStageService on 127.0.0.1 (its gate lets through the
+siblings its exchange averages with); rounds run in threads, as the replicas' backwards and StepNow calls would.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 import torch
 
-from peers.metrics import PeerMetrics
-from peers.training.gradient_exchange import KEPT_STEPS, PART_BYTES, GradientExchange, RoundFailed
-from peers.training.service import StageIdentity, TrainingStageService
+from peers.training.gradient_exchange import PART_BYTES, RoundFailed
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, encode
-from swarm.security import SwarmCredentials
+from tests.unit.training.exchange_members import SHAPES, gradients, run_round, see_each_other
 
 pytestmark = pytest.mark.timeout(60)
-
-# One tensor larger than a gRPC part (it travels in chunks), one under 8-bit averaging's float16 threshold.
-SHAPES = [torch.Size([PART_BYTES // 4 + 1000]), torch.Size([64, 32]), torch.Size([32])]
-
-
-class Member:
-    def __init__(self, peer_id: str, compression: str = "none", timeout_s: float = 5.0) -> None:
-        credentials = SwarmCredentials.open()
-        self.exchange = GradientExchange(peer_id, SHAPES, compression, credentials, timeout_s)
-        identity = StageIdentity(peer_id, "run", 0, 1, 1)
-        self.service = TrainingStageService(None, identity, PeerMetrics(peer_id), None)
-        self.service.exchange = self.exchange
-        self.server = credentials.server(8, [("grpc.max_receive_message_length", 64 << 20)])
-        pb_grpc.add_TrainingStageServicer_to_server(self.service, self.server)
-        self.address = f"127.0.0.1:{credentials.add_port(self.server, '127.0.0.1:0')}"
-        self.server.start()
-
-    def stop(self) -> None:
-        self.exchange.close()
-        self.server.stop(0).wait(5)
-
-
-@pytest.fixture()
-def members() -> Iterator[dict[str, Member]]:
-    started = {name: Member(name) for name in ("a", "b", "c")}
-    yield started
-    for member in started.values():
-        member.stop()
-
-
-def see_each_other(members: dict[str, Member], names: str) -> None:
-    for name in names:
-        members[name].exchange.siblings = lambda name=name: {
-            other: members[other].address for other in names if other != name
-        }
-
-
-def gradients(seed: int) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=generator) for shape in SHAPES]
-
-
-def run_round(members: dict[str, Member], names: str, step: int, samples: dict[str, int], local: dict) -> dict:
-    with ThreadPoolExecutor(len(names)) as pool:
-        futures = {n: pool.submit(members[n].exchange.average, step, samples[n], local[n]) for n in names}
-        return {n: future.result(timeout=30) for n, future in futures.items()}
 
 
 def test_every_member_gets_the_same_sample_weighted_mean_bit_for_bit(members) -> None:
@@ -139,8 +90,8 @@ def test_a_waiting_member_joins_the_later_try_a_sibling_started(members) -> None
 
 
 def test_members_that_disagree_on_who_averages_fail_until_they_agree(members) -> None:
-    see_each_other(members, "ab")
-    members["b"].exchange.siblings = lambda: {"a": members["a"].address, "c": members["c"].address}
+    see_each_other(members, "abc")  # c takes b's gradients (c's gate knows b) but does not average
+    members["a"].exchange.siblings = lambda: {"b": members["b"].address}
     for member in members.values():
         member.exchange.timeout_s = 2.0
     local = {"a": gradients(1), "b": gradients(2)}
@@ -157,7 +108,8 @@ def test_members_that_disagree_on_who_averages_fail_until_they_agree(members) ->
 def test_a_bad_contribution_is_refused_by_name_and_the_member_keeps_serving(members) -> None:
     channel = grpc.insecure_channel(members["a"].address)
     stub = pb_grpc.TrainingStageStub(channel)
-    header = pb.GradientsHeader(peer_id="x", step=0, samples=8, members=["a", "x"], num_tensors=len(SHAPES))
+    see_each_other(members, "ab")
+    header = pb.GradientsHeader(peer_id="b", step=0, samples=8, members=["a", "b"], num_tensors=len(SHAPES))
     wrong = [encode(torch.ones(3), CodecId.NONE) for _ in SHAPES]
     parts = [pb.GradientsPart(header=header), *(pb.GradientsPart(tensor=t) for t in wrong)]
     with pytest.raises(grpc.RpcError) as refused:
@@ -168,22 +120,20 @@ def test_a_bad_contribution_is_refused_by_name_and_the_member_keeps_serving(memb
         stub.Gradients(iter([pb.GradientsPart(tensor=wrong[0])]), timeout=10)
     assert "header" in refused.value.details()
     channel.close()
-    see_each_other(members, "ab")
     results = run_round(members, "ab", 0, {"a": 8, "b": 8}, {"a": gradients(1), "b": gradients(2)})
     assert results["a"][1] == 16
 
 
-def test_a_member_keeps_the_contributions_of_its_newest_steps_only(members) -> None:
-    """b runs ahead alone (its tries fail: a is not averaging); a keeps what b sent for the newest KEPT_STEPS
-    steps only: a round of the newest completes at once from it, one of the oldest finds nothing."""
+def test_contributions_to_the_next_step_wait_and_later_ones_are_refused(members) -> None:
+    """b is one step ahead: a keeps its contribution to step 1 (a's next round completes from it at once); a
+    contribution to step 2 or later is refused by name: a replica that far behind takes the stage's state."""
     see_each_other(members, "ab")
     local = {"a": gradients(1), "b": gradients(2)}
     members["b"].exchange.timeout_s = 0.3
-    for step in range(KEPT_STEPS + 2):
-        with pytest.raises(RoundFailed):
-            members["b"].exchange.average(step, 8, local["b"])
-    _, total = members["a"].exchange.average(KEPT_STEPS + 1, 8, local["a"])
+    with pytest.raises(RoundFailed, match="no gradients"):
+        members["b"].exchange.average(1, 8, local["b"])
+    members["b"].exchange.timeout_s = 5.0  # the refusal, not the timeout, ends its next try
+    with pytest.raises(RoundFailed, match=r"step 2: this replica is at step 0; it takes 1 at most"):
+        members["b"].exchange.average(2, 8, local["b"])
+    _, total = members["a"].exchange.average(1, 8, local["a"])
     assert total == 16
-    members["a"].exchange.timeout_s = 0.3
-    with pytest.raises(RoundFailed, match=r"no gradients from \['b'\]"):
-        members["a"].exchange.average(0, 8, local["a"])

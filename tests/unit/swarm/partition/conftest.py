@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -36,11 +37,21 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "qwen3": Qwen3Config,
     "mixtral": MixtralConfig,
     "phi3": Phi3Config,
+    "gemma2": Gemma2Config,
 }
 FAMILY_DEFAULTS: dict[str, dict] = {
     "qwen3": {"head_dim": 32},  # not hidden / heads: the family reads head_dim from the config
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "phi3": {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},  # its defaults lie outside a tiny vocabulary
+    # caps small enough that tiny random scores and logits reach the bend of tanh, so that capping them matters;
+    # a window longer than every sequence the tests run (longer ones are refused)
+    "gemma2": {
+        "head_dim": 16,
+        "query_pre_attn_scalar": 24,
+        "attn_logit_softcapping": 0.05,
+        "final_logit_softcapping": 1.0,
+        "sliding_window": 32,
+    },
 }
 
 

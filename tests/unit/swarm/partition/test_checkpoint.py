@@ -69,7 +69,8 @@ def test_unsupported_architecture_is_named(save_tiny: SaveTiny, model_type: str)
     config["model_type"] = model_type
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        UnsupportedArchitectureError, match="supported: \\['llama', 'mistral', 'mixtral', 'phi3', 'qwen2', 'qwen3'\\]"
+        UnsupportedArchitectureError,
+        match="supported: \\['gemma2', 'llama', 'mistral', 'mixtral', 'phi3', 'qwen2', 'qwen3'\\]",
     ):
         load_span(path, 0, 1)
 

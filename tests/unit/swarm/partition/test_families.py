@@ -1,6 +1,6 @@
 """Every model family behind the Architecture seam against transformers' own model, in float32: chained spans
-with a KV cache (prefill, then token by token), the client head tied and untied, exported tensor names, and the
-options each family refuses."""
+with a KV cache (prefill, then token by token), the client head tied and untied, exported tensor names, LoRA
+targets, and the options each family refuses. Gemma 2's hooks and window are in test_gemma2.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from peers.training.stage_model import load_stage_model
 from swarm.errors import UnsupportedArchitectureError
 from swarm.partition import BlockConfig, architecture_of, load_client_head, load_span, open_checkpoint
+from swarm.partition.architecture import FAMILIES
 
 from .conftest import SaveTiny, logits_step_by_step, tiny_config
 
@@ -25,6 +26,8 @@ CASES = [
     ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 3}),
     ("phi3", {}),
     ("phi3", {"partial_rotary_factor": 0.5}),
+    ("gemma2", {}),
+    ("gemma2", {"attention_bias": True, "tie_word_embeddings": False}),
 ]
 LONGROPE = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
 IDS = [f"{family}{'-' if options else ''}{'-'.join(options)}" for family, options in CASES]
@@ -71,9 +74,9 @@ def test_the_client_head_gives_transformers_embeddings_and_logits(
     assert (head.lm_head.weight is head.embed_tokens.weight) == tied
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mixtral", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mixtral", "phi3", "gemma2"])
 def test_a_whole_model_of_stages_exports_the_checkpoints_own_tensor_names(save_tiny: SaveTiny, family: str) -> None:
-    path, _ = save_tiny(family, num_hidden_layers=2)
+    path, _ = save_tiny(family, num_hidden_layers=2, tie_word_embeddings=False)  # stages export untied
     checkpoint = open_checkpoint(path)[0]
     first, last = load_stage_model(path, 0, 1).hf_state_dict(), load_stage_model(path, 1, 2).hf_state_dict()
     assert sorted(first | last) == checkpoint.tensor_names()
@@ -129,5 +132,28 @@ def test_unsupported_options_are_refused_by_name(family: str, options: dict, nam
 
 
 def test_an_unknown_model_type_is_refused_by_name() -> None:
-    with pytest.raises(UnsupportedArchitectureError, match=r"model_type 'gemma2' is not supported"):
-        architecture_of("gemma2")
+    with pytest.raises(UnsupportedArchitectureError, match=r"model_type 'gemma3' is not supported"):
+        architecture_of("gemma3")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_familys_lora_targets_are_linear_layers_of_its_blocks_and_of_transformers_model(family: str) -> None:
+    """peft finds a target by the module's name in transformers' model, and peers apply it by its path in our block:
+    both must be the same linear layer (Phi-3's fused qkv_proj, Mixtral's attention only)."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(family, num_hidden_layers=1)
+    architecture = architecture_of(family)
+    reference = AutoModelForCausalLM.from_config(config).model.layers[0]
+    ours = architecture.block(BlockConfig.from_hf(config))
+    for name, path in architecture.lora_targets().items():
+        assert path.rpartition(".")[2] == name
+        theirs, mine = reference.get_submodule(path), ours.get_submodule(path)
+        assert isinstance(theirs, torch.nn.Linear) and isinstance(mine, torch.nn.Linear)
+        assert theirs.weight.shape == mine.weight.shape
+    expected = {
+        "phi3": {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"},
+        "mixtral": {"q_proj", "k_proj", "v_proj", "o_proj"},
+    }
+    if family in expected:
+        assert set(architecture.lora_targets()) == expected[family]

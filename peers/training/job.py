@@ -1,5 +1,6 @@
 """Run a training job on a Ray cluster: a DHT bootstrap node, the stage replicas (when the job starts them) and
-the trainers, as Ray actors; follow their progress; stop them.
+the trainers, as Ray actors; follow their progress; stop them. It lives with the stage replicas it launches
+(peers/training/stage_actor.py): `swarm` imports `peers` only in its command line (`swarm train`).
 
 The driver may be a Ray Client (`ray://head:10001`), a `ray job submit` entrypoint or a local process: tensors
 never travel through Ray here, only small progress reports, so the Ray Client's slower calls do not matter.
