@@ -226,9 +226,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     ) -> AsyncIterator[pb.InferenceResponse]:
         chunks: dict[tuple[str, int], list[pb.Tensor]] = {}
         held = StreamBudget(self.config.stream_bytes, f"session {session_id}'s unfinished chunked steps")
-        # (step_id, position) of the steps run already: a pushed copy and the client's own, steps apart. A step is
-        # skipped only at the position it ran at, so a push that claimed a later step's id runs nothing twice.
-        done = RecentIds(RECENT_STEPS)
+        done = RecentIds(RECENT_STEPS)  # (step_id, position) run: a push claiming a later step's id skips nothing
         async for source, step in inbox.steps():
             if (step.step_id, step.position) in done:
                 continue  # already run: pushed by the previous peer and then sent by the client too
