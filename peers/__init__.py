@@ -5,7 +5,7 @@ stage_handle.py: the stage in a Ray actor or in this process, behind one handle;
 health); serving_loop.py: the asyncio loop the servers' streams run on; service.py: the Peer servicer (decode,
 validate, call, encode); handlers.py: its registration, with lenient request parsing; rpc_status.py: the one error
 table applied to every handler; limits.py: per-client admission (sessions, request rate, tokens, bytes); push.py:
-session inboxes and the push to the next peer.
+session inboxes, their push fence and the push to the next peer; push_targets.py: the next peers it may push to.
 The token path below the service: engine.py: the loop (schedule, run, complete futures); engine_state.py: what it
 keeps per session and step; engine_pages.py: pages per iteration (admission, preemption, beams, idle closes);
 scheduler.py: what runs next (token budget, chunking, forward batching); model_runner.py: one ragged batch per

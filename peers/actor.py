@@ -80,6 +80,10 @@ class StagePeer:
             "load_s": self.load_s,
         }
 
+    def allow_push_to(self, addresses: frozenset[str]) -> None:
+        """The next peers this stage may push to, as the daemon read them from the registry (issue 35, item 9)."""
+        self.server.service.pusher.targets.update(addresses)
+
     def drain(self) -> bool:
         """Refuse new sessions, let in-flight work finish within the grace period, stop serving."""
         finished = self.server.drain(self.config.drain_grace_s)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from peers.config import PeerConfig
 from peers.memory import blocks_for_peer
 from peers.placement import UNMEASURED_TOKENS_PER_S, BlockLoad, choose_joining_span
+from peers.push_targets import next_hops
 from peers.rebalance import Rebalancer
 from peers.stage_handle import INFO_TIMEOUT_S, DrainOutcome, StageHandle, start_stage
 from swarm.partition import open_checkpoint
@@ -64,6 +65,7 @@ class PeerDaemon:
         """Wait until the stage serves, then announce ONLINE and keep the record fresh; returns its info."""
         assert self.stage is not None, "launch() first"
         self.last_info = self.stage.info(timeout_s)
+        self._allow_pushes(self.stage, self.span)  # before ONLINE: no client routes here yet
         self.state = PeerState.ONLINE
         self.announcer.start()
         if self.rebalancer is not None:
@@ -89,6 +91,7 @@ class PeerDaemon:
         self.last_info = live
         if not live.get("serving", True):  # its engine died: no work may be sent here
             return self._record(PeerState.OFFLINE, span)
+        self._allow_pushes(stage, span)
         return dataclasses.replace(
             self._record(PeerState.ONLINE, span),
             address=live["address"],
@@ -101,6 +104,14 @@ class PeerDaemon:
             metrics_address=live["metrics_address"],
             adapters=tuple(live.get("adapters", ())),
         )
+
+    def _allow_pushes(self, stage: StageHandle, span: Span) -> None:
+        """Hand the stage the next peers it may push to, read from the registry on the announce period: off the
+        token path, and a new next peer is allowed within one period (until then the client sends it the step)."""
+        try:
+            stage.allow_push_to(next_hops(self.registry.peers(self.config.name), span))
+        except Exception as error:  # a DHT hiccup or a restarting stage: the next period tries again
+            logger.warning("peer=%s push targets not refreshed: %s", self.peer_id, error)
 
     def _record(self, state: PeerState, span: Span) -> PeerInfo:
         return PeerInfo(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -115,19 +115,20 @@ class StreamBudget:
 
 
 class RecentIds:
-    """The last `size` finished step ids of a session, so that memory stays flat however long it runs."""
+    """The last `size` finished step ids of a session (or any keys naming steps: peers/service.py uses
+    (step_id, position)), so that memory stays flat however long it runs."""
 
     def __init__(self, size: int) -> None:
-        self._ids: OrderedDict[int, None] = OrderedDict()
+        self._ids: OrderedDict[Hashable, None] = OrderedDict()
         self.size = size
 
-    def __contains__(self, step_id: int) -> bool:
+    def __contains__(self, step_id: object) -> bool:
         return step_id in self._ids
 
     def __len__(self) -> int:
         return len(self._ids)
 
-    def add(self, step_id: int) -> None:
+    def add(self, step_id: Hashable) -> None:
         self._ids[step_id] = None
         self._ids.move_to_end(step_id)
         while len(self._ids) > self.size:

@@ -4,6 +4,8 @@ peer, and the sender that pushes this peer's output to the next one. Used by pee
 from __future__ import annotations
 
 import asyncio
+import collections
+import hmac
 import logging
 import threading
 import time
@@ -12,9 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from peers.push_targets import PushTargets
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
-from swarm.errors import InvalidRequest, Overloaded, SessionNotFound
+from swarm.errors import InvalidRequest, Overloaded, PermissionDenied, SessionNotFound
 from swarm.security import SwarmCredentials
 
 logger = logging.getLogger(__name__)
@@ -38,6 +41,11 @@ PUSH_DEADLINE_MAX_S = 10.0
 PUSH_DEADLINE_FIRST_S = 2.0  # before any push to a target has been timed: links up to ~1 s of RTT
 PUSH_SMOOTHING = 0.2  # weight of the latest duration in the moving average
 PUSH_THREADS = 32  # pushes in flight at once; a push holds a thread only while it is sent
+# A target that never answers (frozen, a black hole) holds a push thread until the deadline: a few of them may not
+# take every thread. Past this many pushes waiting on one target, its sessions' steps are not pushed (the client
+# sends them itself) until some finish.
+PUSH_IN_FLIGHT_PER_TARGET = 8
+PUSH_CHANNELS = 64  # channels kept open to next peers, least recently used closed first (a span has few next peers)
 # Messages a session may have waiting: a client sends one step and waits for its answer, a push may come beside
 # it, and chunks of a big step are taken out at once (their bytes are bounded by LimitsConfig.stream_bytes). A
 # client that sends faster is held back by gRPC flow control, since the reader stops reading.
@@ -49,35 +57,70 @@ PUSH_OPEN_GRACE_S = 0.1  # a push for a session not open yet waits this long for
 PUSH_OPEN_POLL_S = 0.005
 
 
+class PushFence:
+    """Who may push into one session, and where (issue 35). Only the holder of the session's current push token may
+    push (the client gave it to the previous hop of its route alone), and only a step that appends at the cache
+    length with no hypo_ids: rolling back or reordering is the client's alone. The client's fence message starts
+    a new epoch with a new token (after a failover), so a replaced peer's pushes, even those already queued, are
+    dropped. Lives on the serving loop."""
+
+    def __init__(self, token: bytes) -> None:
+        self.token, self.epoch, self.length = token, 0, 0  # length: the session's cache length after its last step
+
+    def rotate(self, token: bytes) -> None:
+        self.token, self.epoch = token, self.epoch + 1
+
+    def check(self, token: bytes, step: pb.InferenceStep) -> None:
+        """Raises PermissionDenied unless a push of `step` with `token` may enter the session now."""
+        if not self.token or not hmac.compare_digest(token, self.token):
+            raise PermissionDenied("push_token is not this session's: only the hop its client named may push")
+        if step.hypo_ids:
+            raise PermissionDenied("a pushed step may not carry hypo_ids: only the client reorders its cache")
+        self.check_position(step)
+
+    def check_position(self, step: pb.InferenceStep) -> None:
+        if step.position != self.length:
+            raise PermissionDenied(
+                f"a pushed step appends at the session's length {self.length}, not at position {step.position}"
+            )
+
+
 class Inbox:
     """Steps of one session in arrival order, whether the client sent them on its stream or a peer pushed them.
 
     Lives on the serving loop (peers/serving_loop.py): a task reads the client's stream into a bounded queue, and
     the session's handler iterates `steps()`. Only `fail` may be called from another thread."""
 
-    def __init__(self, requests: AsyncIterator[pb.InferenceRequest]) -> None:
+    def __init__(self, requests: AsyncIterator[pb.InferenceRequest], push_token: bytes = b"") -> None:
         self._loop = asyncio.get_running_loop()
         self._items: asyncio.Queue[object] = asyncio.Queue(INBOX_MESSAGES)
         self._failure: BaseException | None = None
+        self.fence = PushFence(push_token)
         self._reader = asyncio.create_task(self._read(requests))
 
     async def _read(self, requests: AsyncIterator[pb.InferenceRequest]) -> None:
         try:
             async for request in requests:
-                if request.WhichOneof("kind") != "step":
-                    error = InvalidRequest("after `open`, an inference stream carries only `step` messages")
+                kind = request.WhichOneof("kind")
+                if kind == "fence":  # applied on arrival, not queued: a push checked after it needs the new token
+                    self.fence.rotate(request.fence.push_token)
+                    continue
+                if kind != "step":
+                    error = InvalidRequest("after `open`, an inference stream carries only `step` or `fence` messages")
                     await self._items.put(error)
                     return
-                await self._items.put(("client", request.step))
+                await self._items.put(("client", request.step, self.fence.epoch))
         except Exception as error:  # the client went away, or sent garbage: the serving loop raises it
             await self._items.put(error)
             return
         await self._items.put(_END)
 
-    async def push(self, step: pb.InferenceStep) -> None:
-        """Raises Overloaded when the session's inbox stays full for PUSH_WAIT_S."""
+    async def push(self, step: pb.InferenceStep, token: bytes) -> None:
+        """Raises PermissionDenied when the fence refuses the push, Overloaded when the session's inbox stays full
+        for PUSH_WAIT_S."""
+        self.fence.check(token, step)
         try:
-            await asyncio.wait_for(self._items.put(("push", step)), PUSH_WAIT_S)
+            await asyncio.wait_for(self._items.put(("push", step, self.fence.epoch)), PUSH_WAIT_S)
         except TimeoutError:
             raise Overloaded(f"the session's inbox is full ({INBOX_MESSAGES} messages waiting)") from None
 
@@ -104,8 +147,24 @@ class Inbox:
                 return
             if isinstance(item, BaseException):
                 raise item
-            if item is not _WAKE:
-                yield item  # type: ignore[misc]
+            if item is _WAKE:
+                continue
+            source, step, epoch = item  # type: ignore[misc]
+            if source == "push" and not self._admits(step, epoch):
+                continue  # the client's own step (or lateness) takes over: a refused push never ends the session
+            yield source, step
+
+    def _admits(self, step: pb.InferenceStep, epoch: int) -> bool:
+        """Checked again as a queued push comes out: a fence or a client's step may have come in since."""
+        if epoch != self.fence.epoch:
+            logger.info("dropped a push of step %d from a past epoch", step.step_id)
+            return False
+        try:
+            self.fence.check_position(step)
+        except PermissionDenied as error:
+            logger.info("dropped a push of step %d: %s", step.step_id, error)
+            return False
+        return True
 
 
 class Inboxes:
@@ -130,8 +189,9 @@ class Inboxes:
         if inbox is not None:
             inbox.fail(error)
 
-    async def deliver(self, session_id: str, step: pb.InferenceStep) -> None:
-        """Raises SessionNotFound (NOT_FOUND) when no session has this id, nor opens it within PUSH_OPEN_GRACE_S: a
+    async def deliver(self, session_id: str, step: pb.InferenceStep, token: bytes) -> None:
+        """Raises PermissionDenied (PushFence.check), Overloaded (Inbox.push), SessionNotFound (NOT_FOUND) when no
+        session has this id, nor opens it within PUSH_OPEN_GRACE_S: a
         push can overtake the client's own opening of the session here (the client opens every hop at once, and
         the first step's push races the opening), and the previous peer may have answered its client already."""
         deadline = asyncio.get_running_loop().time() + PUSH_OPEN_GRACE_S
@@ -139,7 +199,7 @@ class Inboxes:
             await asyncio.sleep(PUSH_OPEN_POLL_S)
         if inbox is None:
             raise SessionNotFound(f"session {session_id!r} is not open on this peer")
-        await inbox.push(step)
+        await inbox.push(step, token)
 
     def _get(self, session_id: str) -> Inbox | None:
         with self._lock:
@@ -180,32 +240,51 @@ class Pusher:
 
     def __init__(self, max_message_bytes: int, credentials: SwarmCredentials) -> None:
         self.max_message_bytes = max_message_bytes
-        self._stubs = PeerStubs(credentials, max_message_bytes)
+        self._stubs = PeerStubs(credentials, max_message_bytes, max_channels=PUSH_CHANNELS)
         self._threads = ThreadPoolExecutor(PUSH_THREADS, thread_name_prefix="peer-push")
         self.deadlines = PushDeadlines()
+        self.targets = PushTargets()
+        self._in_flight: collections.Counter[str] = collections.Counter()  # pushes under way, by target address
+        self._lock = threading.Lock()
 
     async def send(self, ran: pb.InferenceStep, output: pb.Tensor) -> bool:
-        """Push `output`, the answer to the step `ran`, to the first of its push targets (the rest ride along, and
-        so do its hypo_ids); called on the serving loop, the call runs on a push thread. False (the client then sends
-        the step itself) when there is no target, the output is too big for one message, or the push failed while the
-        answer waited for it (PushDeadlines.answer_wait_s: on quick links only). A push still under way by then counts
-        as sent and goes on in the background: a slow target still gets it, and a lost or frozen one is the client's
-        to find late (swarm/client/pace.py), rather than a reason to hold this peer's own answer back."""
+        """Push `output`, the answer to the step `ran`, to the first of its push targets (the rest ride along, each
+        with its session's push token); called on the serving loop, the call runs on a push thread. False (the client
+        then sends the step itself) when there is no target, the target is not a next peer the registry lists
+        (PushTargets) or has PUSH_IN_FLIGHT_PER_TARGET pushes under way, the output is too big for one message, or
+        the push failed while the answer waited for it (PushDeadlines.answer_wait_s: on quick links only). A push
+        still under way by then counts as sent and goes on in the background: a slow target still gets it, and a lost
+        or frozen one is the client's to find late (swarm/client/pace.py), rather than a reason to hold this peer's
+        own answer back."""
         targets = list(ran.push_to)
-        if not targets or output.ByteSize() > self.max_message_bytes - 4096:
+        # A reordering step is never pushed: the next peer refuses hypo_ids from anyone but its client (PushFence).
+        if not targets or ran.hypo_ids or output.ByteSize() > self.max_message_bytes - 4096:
             return False
         target, rest = targets[0], targets[1:]
-        step = pb.InferenceStep(
-            step_id=ran.step_id, position=ran.position, hidden_states=output, push_to=rest, hypo_ids=ran.hypo_ids
+        if not self.targets.allows(target.address) or not self._start(target.address):
+            return False
+        step = pb.InferenceStep(step_id=ran.step_id, position=ran.position, hidden_states=output, push_to=rest)
+        request = pb.PushRequest(
+            protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+            session_id=target.session_id,
+            step=step,
+            push_token=target.push_token,
         )
-        request = pb.PushRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, session_id=target.session_id, step=step)
         wait_s = self.deadlines.answer_wait_s(target.address)
-        pushing = asyncio.get_running_loop().run_in_executor(self._threads, self._push, target, request)
+        pushing = asyncio.get_running_loop().run_in_executor(self._threads, self._counted_push, target, request)
         if wait_s == 0.0:
             return True
         try:
             return await asyncio.wait_for(asyncio.shield(pushing), wait_s)
         except TimeoutError:
+            return True
+
+    def _start(self, address: str) -> bool:
+        """Count a push to `address` as under way; False when PUSH_IN_FLIGHT_PER_TARGET already are."""
+        with self._lock:
+            if self._in_flight[address] >= PUSH_IN_FLIGHT_PER_TARGET:
+                return False
+            self._in_flight[address] += 1
             return True
 
     def _push(self, target: pb.PushTarget, request: pb.PushRequest) -> bool:
@@ -217,6 +296,15 @@ class Pusher:
         except grpc.RpcError as error:
             logger.info("push to %s session=%s failed: %s", target.address, target.session_id, error.code())
             return False
+
+    def _counted_push(self, target: pb.PushTarget, request: pb.PushRequest) -> bool:
+        try:
+            return self._push(target, request)
+        finally:
+            with self._lock:
+                self._in_flight[target.address] -= 1
+                if not self._in_flight[target.address]:
+                    del self._in_flight[target.address]
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)

@@ -181,7 +181,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         self.admission.request(client)  # counted once its `open` arrives (the wrapper leaves Inference alone)
         with self.admission.session(client) as budget:
             session_id, choice = self._open_session(opening.open)
-            inbox = Inbox(requests)
+            inbox = Inbox(requests, opening.open.push_token)
             self.inboxes.add(session_id, inbox)
             try:
                 async for response in self._serve_steps(session_id, choice, inbox, _Steps(client, budget)):
@@ -199,7 +199,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         # Checked here, so that a bad push is refused to its sender (who then reports pushed=false to the client)
         # instead of ending the session it was meant for.
         self._decode_checked(request.step.hidden_states, "step.hidden_states", counted=False)
-        await self.inboxes.deliver(request.session_id, request.step)
+        await self.inboxes.deliver(request.session_id, request.step, request.push_token)
         return pb.PushResponse()
 
     def _open_session(self, opening: pb.InferenceOpen) -> tuple[str, pb.CodecChoice]:
@@ -226,9 +226,9 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     ) -> AsyncIterator[pb.InferenceResponse]:
         chunks: dict[tuple[str, int], list[pb.Tensor]] = {}
         held = StreamBudget(self.config.stream_bytes, f"session {session_id}'s unfinished chunked steps")
-        done = RecentIds(RECENT_STEPS)  # run already: a pushed copy and the client's own, steps apart
+        done = RecentIds(RECENT_STEPS)  # (step_id, position) run: a push claiming a later step's id skips nothing
         async for source, step in inbox.steps():
-            if step.step_id in done:
+            if (step.step_id, step.position) in done:
                 continue  # already run: pushed by the previous peer and then sent by the client too
             parts = chunks.setdefault((source, step.step_id), [])  # a pushed copy and the client's never mix
             held.take(step.hidden_states.ByteSize())
@@ -246,11 +246,12 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
             output = await asyncio.wrap_future(self.engine.step(session_id, hidden, int(step.position), hypo_ids))
             encoded = self._encode(output, choice)
             self.metrics.latency.labels(rpc="Inference").observe(time.perf_counter() - started)
-            done.add(step.step_id)
+            done.add((step.step_id, step.position))
+            length = inbox.fence.length = step.position + hidden.shape[1]  # before the answer: pushes append here
             pushed = await self.pusher.send(step, encoded)
             for chunk in split(encoded, self.config.max_message_bytes):
                 yield pb.InferenceResponse(
-                    step_id=step.step_id, position=step.position + hidden.shape[1], hidden_states=chunk, pushed=pushed
+                    step_id=step.step_id, position=length, hidden_states=chunk, pushed=pushed, fenced=True
                 )
 
     # ---- info and health ----

@@ -47,6 +47,10 @@ class StageHandle(ABC):
         """Stop at once, never to be restarted."""
 
     @abstractmethod
+    def allow_push_to(self, addresses: frozenset[str]) -> None:
+        """The addresses the stage may push session outputs to (peers/push_targets.py); does not wait."""
+
+    @abstractmethod
     def dead_for_good(self) -> bool:
         """True once it will never serve again (killed, a start that failed, Ray gave up restarting it); False while
         it serves, loads or restarts."""
@@ -82,6 +86,9 @@ class RayStage(StageHandle):
                 return False
 
         return outcome
+
+    def allow_push_to(self, addresses: frozenset[str]) -> None:
+        self.actor.allow_push_to.remote(addresses)  # not awaited: the next announce sends the list again anyway
 
     def kill(self) -> None:
         import ray
@@ -140,6 +147,10 @@ class InProcessStage(StageHandle):
                 return False
 
         return outcome
+
+    def allow_push_to(self, addresses: frozenset[str]) -> None:
+        if self._stage.done() and self._stage.exception() is None:
+            self._stage.result().allow_push_to(addresses)
 
     def kill(self) -> None:
         """Stop serving now (a drain still running is cut short) and free the port of its /metrics; the blocks go

@@ -6,6 +6,7 @@ credentials: TLS and signed calls in a private swarm, plaintext in an open one (
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import grpc
@@ -27,22 +28,34 @@ class PeerStubs:
         credentials: SwarmCredentials,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         stub_type: type = pb_grpc.PeerStub,
+        max_channels: int | None = None,
     ) -> None:
-        self.credentials, self.stub_type = credentials, stub_type
+        """`max_channels`: keep at most this many channels, dropping the least recently used (None: no bound)."""
+        self.credentials, self.stub_type, self.max_channels = credentials, stub_type, max_channels
         self.options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             *RECONNECT_OPTIONS,
         ]
-        self._entries: dict[str, tuple[Any, grpc.Channel]] = {}  # address -> (stub, its channel)
+        # address -> (stub, its channel), least recently used first
+        self._entries: OrderedDict[str, tuple[Any, grpc.Channel]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __call__(self, address: str) -> Any:
         with self._lock:
-            if address not in self._entries:
-                channel = self.credentials.channel(address, self.options)
-                self._entries[address] = (self.stub_type(channel), channel)
+            if address in self._entries:
+                self._entries.move_to_end(address)
+                return self._entries[address][0]
+            channel = self.credentials.channel(address, self.options)
+            self._entries[address] = (self.stub_type(channel), channel)
+            if self.max_channels is not None and len(self._entries) > self.max_channels:
+                # Dropped like `forget`, not closed: a call of another thread may still run on it.
+                self._entries.popitem(last=False)
             return self._entries[address][0]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
 
     def forget(self, address: str) -> None:
         """The next call to `address` gets a new channel (after a failure: a fresh connection, no backoff). The old

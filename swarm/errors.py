@@ -115,7 +115,8 @@ class Unauthenticated(InvalidRequest):
 
 class PermissionDenied(InvalidRequest):
     """The caller is known but may not do this (PERMISSION_DENIED): e.g. replace a served adapter another member
-    published, publish one in an open swarm, or speak for a replica it is not. Every try would get the same answer,
+    published, publish one in an open swarm, speak for a replica it is not, or push into a session without its
+    current push token (or roll back, skip or reorder it by a push). Every try would get the same answer,
     so it is never retried."""
 
 

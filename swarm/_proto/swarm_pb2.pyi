@@ -206,7 +206,7 @@ class AdapterAck(_message.Message):
     def __init__(self, tensors: _Optional[int] = ...) -> None: ...
 
 class InferenceOpen(_message.Message):
-    __slots__ = ("protocol_version", "session_id", "start_block", "end_block", "batch_size", "max_length", "response_codec", "adapter")
+    __slots__ = ("protocol_version", "session_id", "start_block", "end_block", "batch_size", "max_length", "response_codec", "adapter", "push_token")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     START_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,7 @@ class InferenceOpen(_message.Message):
     MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_CODEC_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    PUSH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     session_id: str
     start_block: int
@@ -223,15 +224,24 @@ class InferenceOpen(_message.Message):
     max_length: int
     response_codec: CodecChoice
     adapter: str
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., session_id: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_length: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., adapter: _Optional[str] = ...) -> None: ...
+    push_token: bytes
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., session_id: _Optional[str] = ..., start_block: _Optional[int] = ..., end_block: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_length: _Optional[int] = ..., response_codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., adapter: _Optional[str] = ..., push_token: _Optional[bytes] = ...) -> None: ...
+
+class InferenceFence(_message.Message):
+    __slots__ = ("push_token",)
+    PUSH_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    push_token: bytes
+    def __init__(self, push_token: _Optional[bytes] = ...) -> None: ...
 
 class PushTarget(_message.Message):
-    __slots__ = ("address", "session_id")
+    __slots__ = ("address", "session_id", "push_token")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PUSH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     address: str
     session_id: str
-    def __init__(self, address: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    push_token: bytes
+    def __init__(self, address: _Optional[str] = ..., session_id: _Optional[str] = ..., push_token: _Optional[bytes] = ...) -> None: ...
 
 class InferenceStep(_message.Message):
     __slots__ = ("step_id", "position", "hidden_states", "push_to", "hypo_ids")
@@ -248,34 +258,40 @@ class InferenceStep(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., push_to: _Optional[_Iterable[_Union[PushTarget, _Mapping]]] = ..., hypo_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InferenceRequest(_message.Message):
-    __slots__ = ("open", "step")
+    __slots__ = ("open", "step", "fence")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
     open: InferenceOpen
     step: InferenceStep
-    def __init__(self, open: _Optional[_Union[InferenceOpen, _Mapping]] = ..., step: _Optional[_Union[InferenceStep, _Mapping]] = ...) -> None: ...
+    fence: InferenceFence
+    def __init__(self, open: _Optional[_Union[InferenceOpen, _Mapping]] = ..., step: _Optional[_Union[InferenceStep, _Mapping]] = ..., fence: _Optional[_Union[InferenceFence, _Mapping]] = ...) -> None: ...
 
 class InferenceResponse(_message.Message):
-    __slots__ = ("step_id", "position", "hidden_states", "pushed")
+    __slots__ = ("step_id", "position", "hidden_states", "pushed", "fenced")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
     PUSHED_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     position: int
     hidden_states: Tensor
     pushed: bool
-    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., pushed: _Optional[bool] = ...) -> None: ...
+    fenced: bool
+    def __init__(self, step_id: _Optional[int] = ..., position: _Optional[int] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., pushed: _Optional[bool] = ..., fenced: _Optional[bool] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("protocol_version", "session_id", "step")
+    __slots__ = ("protocol_version", "session_id", "step", "push_token")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    PUSH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     session_id: str
     step: InferenceStep
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., session_id: _Optional[str] = ..., step: _Optional[_Union[InferenceStep, _Mapping]] = ...) -> None: ...
+    push_token: bytes
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., session_id: _Optional[str] = ..., step: _Optional[_Union[InferenceStep, _Mapping]] = ..., push_token: _Optional[bytes] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ()

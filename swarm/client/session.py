@@ -104,6 +104,7 @@ class InferenceSession:
         self.batch_size, self.max_length = batch_size, max_length
         self.step_timeout_s, self.max_failovers, self.push = step_timeout_s, max_failovers, push
         self.position = 0
+        self._length = 0  # the hops' cache length: above `position` after a rollback, until the next step
         self._step_id = 0
         self.failovers = 0
         self._verifier: Verifier | None = None
@@ -148,9 +149,9 @@ class InferenceSession:
             state = self._hops[index]
             try:
                 if must_send:
-                    # A reordering step is not pushed: after a failover, the peers past the failed one must not see
-                    # it twice (a reorder is not idempotent), and without push they see it only once it is answered.
-                    push_to = [] if verify or hypo else self._push_targets(index + 1)
+                    # A reordering or rolling-back step is not pushed: a peer takes those from its client alone
+                    # (peers/push.py's PushFence), and a reorder must not be seen twice after a failover.
+                    push_to = [] if verify or hypo or self.position < self._length else self._push_targets(index + 1)
                     state.session.send(hidden, self.position, step_id, push_to, hypo)
                 waited = time.monotonic() - since
                 like_s = None if must_send else previous_s  # a pushed step may have been lost: see HopPace
@@ -183,7 +184,7 @@ class InferenceSession:
         if hypo and self._verifier is not None:  # the shadows' caches follow the old rows: they start over
             for state in self._hops:
                 self._verifier.forget(state.hop)
-        self.position += hidden.shape[1]
+        self.position = self._length = self.position + hidden.shape[1]
         self.metrics.step_latency.observe(time.perf_counter() - started)
         return hidden
 
@@ -261,6 +262,10 @@ class InferenceSession:
                 culprit, error = replay.peer_id, replay.error
                 continue
             self._hops[index:index] = replacement
+            # Every hop past the failed one starts a new push epoch: the failed peer knew their tokens (push_to
+            # carries the rest of the route), and a late push of its would truncate or corrupt their caches.
+            for state in self._hops[index + len(replacement) :]:
+                state.session.fence()
             return
 
     @property

@@ -7,6 +7,7 @@ session.py's InferenceSession strings these along a route and fails them over.
 from __future__ import annotations
 
 import queue
+import secrets
 import threading
 import time
 import uuid
@@ -28,6 +29,7 @@ MAX_MESSAGE_BYTES = 4 << 20  # what the client sends in one message; bigger tens
 MAX_RECEIVE_BYTES = 64 << 20  # accept whatever a peer configured above the default sends
 MIN_CHUNK_BYTES = 1024  # a peer chunks answers at its message limit, never this small
 PROBE_TIMEOUT_S = 0.4  # a late peer that answers a health probe this fast is busy, not frozen
+PUSH_TOKEN_BYTES = 16  # a session's push token: 128 random bits, not guessable within any session's life
 _CLOSED = object()
 
 
@@ -52,6 +54,9 @@ class SpanSession:
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
         self.compress_min_bytes = compress_min_bytes
         self.session_id = uuid.uuid4().hex
+        # Handed to the previous hop alone (in `target`); a new one per epoch (`fence`). Issue 35.
+        self.push_token = secrets.token_bytes(PUSH_TOKEN_BYTES)
+        self.fenced = False  # the peer said it checks push tokens (InferenceResponse.fenced): it takes `fence`
         self._channel: grpc.Channel | None = None
         if stubs is None:
             self._channel = credentials.channel(hop.address, [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
@@ -67,6 +72,7 @@ class SpanSession:
             max_length=max_length,
             response_codec=pb.CodecChoice(codec=int(codec), compress_min_bytes=compress_min_bytes),
             adapter=adapter,
+            push_token=self.push_token,
         )
         self._requests.put(pb.InferenceRequest(open=opening))
         self._call = self._stub.Inference(iter(self._requests.get, None))
@@ -74,7 +80,17 @@ class SpanSession:
 
     @property
     def target(self) -> pb.PushTarget:
-        return pb.PushTarget(address=self.hop.address, session_id=self.session_id)
+        """Where the previous hop pushes its output, with the token that lets it: give it to that hop only."""
+        return pb.PushTarget(address=self.hop.address, session_id=self.session_id, push_token=self.push_token)
+
+    def fence(self) -> None:
+        """Start a new push epoch: the peer refuses pushes with the old token from now on, even those it holds
+        queued. Called when the previous hop was replaced: its late pushes must not touch this cache. Not sent to
+        a peer that has not said it checks tokens (an older one, which would end the stream on it)."""
+        if not self.fenced:
+            return
+        self.push_token = secrets.token_bytes(PUSH_TOKEN_BYTES)
+        self._requests.put(pb.InferenceRequest(fence=pb.InferenceFence(push_token=self.push_token)))
 
     def _read(self) -> None:
         try:
@@ -170,6 +186,7 @@ class SpanSession:
             raise error_for(item.code(), f"{self.hop.address}: {item.details()}")
         if item is _CLOSED:
             raise PeerUnavailable(f"{self.hop.address}: the peer closed the session")
+        self.fenced = self.fenced or item.fenced  # type: ignore[attr-defined]
         return item  # type: ignore[return-value]
 
     def close(self) -> None:

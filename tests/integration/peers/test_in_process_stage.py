@@ -20,7 +20,7 @@ from peers.stage_handle import InProcessStage, start_stage
 from swarm.errors import PeerUnavailable
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
-from swarm.types import PeerState, Span
+from swarm.types import PeerInfo, PeerState, Span
 
 
 def free_port() -> int:
@@ -99,6 +99,41 @@ def test_a_peer_whose_engine_died_is_announced_offline(smollm2_path: Path) -> No
         with pytest.raises(PeerUnavailable):
             engine.step("s", torch.zeros(1, 1, 576), 0).result(30)
         assert daemon.describe().state is PeerState.OFFLINE
+    finally:
+        if daemon.stage is not None:
+            daemon.stage.kill()
+        daemon.announcer.stop()
+        registry.shutdown()
+
+
+def test_the_daemon_gives_its_stage_the_next_peers_to_push_to(smollm2_path: Path) -> None:
+    """Issue 35, item 9: the stage pushes only to the peers the registry lists right after its span, as the daemon
+    reads them before going ONLINE and on each announce (so a peer that joins later is allowed within a period)."""
+    open_swarm = SwarmCredentials.open()
+    config = PeerConfig(
+        str(smollm2_path),
+        blocks=(0, 2),
+        in_process=True,
+        server=ServerConfig(cache_tokens=256, credentials=open_swarm),
+    )
+    registry = Registry(credentials=open_swarm)
+    daemon = PeerDaemon(config, registry)
+
+    def listed(peer_id: str, address: str, span: Span) -> None:
+        registry.announce(PeerInfo(peer_id, address, span, PeerState.ONLINE, model=config.name), 60)
+
+    try:
+        listed("next", "127.0.0.1:1001", Span(2, 30))
+        listed("far", "127.0.0.1:1002", Span(10, 30))  # serves no block a hop on [0, 2) could end at
+        daemon.launch()
+        daemon.wait_serving(120)
+        assert isinstance(daemon.stage, InProcessStage)
+        targets = daemon.stage._stage.result().server.service.pusher.targets
+        assert targets.allows("127.0.0.1:1001") and not targets.allows("127.0.0.1:1002")
+        listed("joined", "127.0.0.1:1003", Span(1, 30))
+        assert not targets.allows("127.0.0.1:1003")
+        daemon.describe()  # the announce period
+        assert targets.allows("127.0.0.1:1003") and not targets.allows("10.0.0.1:9")
     finally:
         if daemon.stage is not None:
             daemon.stage.kill()

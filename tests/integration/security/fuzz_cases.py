@@ -1,7 +1,8 @@
 """The fuzz test's inputs, for every Peer RPC, as the bytes sent: random bytes, protobuf-valid messages with random
 fields, and mutations of valid requests (bit flips, truncation, wrong shapes, dtypes and codecs, huge and negative
 dimensions, NaN and Inf, positions past any context, broken and reordered chunk streams, sessions that skip or
-rewind positions). Seeded: a failing case can be replayed."""
+rewind positions), and pushes into a live session by whoever does not hold its push token. Seeded: a failing
+case can be replayed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ STREAMS = ("ForwardStream", "BackwardStream", "Inference")
 V = pb.PROTOCOL_VERSION_CURRENT
 U32, U64 = 2**32 - 1, 2**64 - 1
 CHUNK_HEADER_BYTES = 1200  # what chunking.split needs beside the data (header allowance, shape, field tags)
+# Fuzzer.pushes: what a push into a live session it does not own tries (fuzz_oracle.push_must_refuse says why not)
+PUSH_KINDS = ("no token", "unknown token", "past epoch", "rollback", "skip ahead", "hypo_ids", "redirect", "mutated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +225,29 @@ class Fuzzer:
                 )
             position += tokens
         return messages
+
+    def pushes(self, session_id: str, past_token: bytes, length: int, batch: int, count: int) -> Iterator[Case]:
+        """Pushes into the live session `session_id` (its cache holds `length` tokens, and `past_token` is the token
+        of an epoch its client fenced off) by someone who does not hold its current token: each must be refused.
+        Family: the kind of push (fuzz_oracle.push_must_refuse)."""
+        for _ in range(count):
+            kind = self.r.choice(PUSH_KINDS)
+            token = {"no token": b"", "unknown token": self.r.randbytes(16)}.get(kind, past_token)
+            step = pb.InferenceStep(step_id=self.r.choice([0, 1, 2, U64]), hidden_states=self.valid_tensor(batch, 1))
+            step.position = length
+            if kind == "rollback":
+                step.position = self.r.randrange(length)
+            elif kind == "skip ahead":
+                step.position = length + self.r.randint(1, 8)
+            elif kind == "hypo_ids":
+                step.hypo_ids.extend(self.r.randrange(batch) for _ in range(batch))
+            elif kind == "redirect":
+                step.push_to.add(address=f"10.{self.r.randrange(256)}.0.1:9", session_id="x", push_token=b"y")
+            request = pb.PushRequest(protocol_version=V, session_id=session_id, step=step, push_token=token)
+            messages: list = [request]
+            if kind == "mutated":
+                self.r.choice(self.MUTATIONS)(self, messages)
+            yield Case(kind, "Push", tuple(m if isinstance(m, bytes) else m.SerializeToString() for m in messages))
 
     # mutations: each changes `messages` (protobuf objects or bytes) in place
 

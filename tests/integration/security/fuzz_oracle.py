@@ -65,7 +65,8 @@ class Oracle:
         if rpc in ("Info", "Health"):
             return Expect(True)
         if rpc == "Push":
-            return Expect(False, why="no such session")  # valid or not, the fuzzer never names a live session
+            # Valid or not, these cases never name a live session; push_must_refuse's cases name one
+            return Expect(False, why="no such session")
         if rpc == "Inference":
             return self._inference(requests)
         if rpc in ("Forward", "Backward"):
@@ -119,6 +120,8 @@ class Oracle:
             return Expect(False, why="bad open")
         session = _Session(opening.open, self.backend)
         for request in requests[1:]:
+            if request.WhichOneof("kind") == "fence":
+                continue  # a new push token: nothing to answer
             if request.WhichOneof("kind") != "step" or not session.take(request.step):
                 return Expect(False, why="bad step")
         return Expect(True, answers=session.answers)
@@ -134,12 +137,12 @@ class _Session:
         self.int8 = opening.response_codec.codec in INT8_CODECS
         self.history: list[tuple[torch.Tensor, int]] = []  # completed steps: (hidden, position)
         self.cache = None  # once an 8-bit session gets a huge input: the session run here too, to see overflows
-        self.done: set[int] = set()
+        self.done: set[tuple[int, int]] = set()  # (step_id, position) of the steps run
         self.chunks: dict[int, list[pb.Tensor]] = {}
 
     def take(self, step: pb.InferenceStep) -> bool:
         """False when the peer ends the session with an error at this message."""
-        if step.step_id in self.done:
+        if (step.step_id, step.position) in self.done:
             return True
         parts = self.chunks.setdefault(step.step_id, [])
         self.held += step.hidden_states.ByteSize() + MESSAGE_OVERHEAD_BYTES
@@ -162,7 +165,7 @@ class _Session:
         if self.int8 and (self.cache is not None or _magnitude(hidden) > HUGE) and not self._finite():
             return False
         self.length = step.position + hidden.shape[1]
-        self.done.add(step.step_id)
+        self.done.add((step.step_id, int(step.position)))
         self.answers += 1
         return True
 
@@ -215,7 +218,23 @@ def _open_ok(opening: pb.InferenceOpen) -> bool:
         return False
     if not 1 <= opening.max_length <= FUZZ.max_session_length or opening.batch_size < 1 or opening.adapter:
         return False  # the fuzzed peers serve no named adapter
+    if opening.batch_size > FUZZ.max_batch_tokens:
+        return False  # one token of every row must fit one engine iteration (issue 35, item 2)
     # The engine admits a session whose every sequence could grow to max_length within the whole pool, in pages.
     pages = opening.batch_size * -(-opening.max_length // FUZZ.page_size)
     fits = pages <= -(-FUZZ.cache_tokens // FUZZ.page_size)
     return _codec_ok(opening.response_codec) and bool(opening.session_id) and fits
+
+
+def push_must_refuse(kind: str) -> str:
+    """Why a push case (Fuzzer.pushes) into a live session it does not own must be refused: none may change it."""
+    return {
+        "no token": "a push without the session's token",
+        "unknown token": "a token the client never gave out",
+        "past epoch": "the token of a peer the client fenced off",
+        "rollback": "a position below the cache length",
+        "skip ahead": "a position past the cache length",
+        "hypo_ids": "a reorder",
+        "redirect": "a redirect by a fenced-off peer",
+        "mutated": "a mangled push without the current token",
+    }[kind]

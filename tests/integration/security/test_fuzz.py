@@ -21,11 +21,14 @@ import torch
 from benchmarks import peer_process
 from peers.backend import SpanBackend
 from swarm._proto import swarm_pb2 as pb
+from swarm.client.span_session import SpanSession
 from swarm.codec import CodecId, decode, encode, join
 from swarm.partition import load_span
+from swarm.security import SwarmCredentials
+from swarm.types import Hop, Span
 
-from .fuzz_cases import STREAMS, Case, Fuzzer
-from .fuzz_oracle import FUZZ, Oracle
+from .fuzz_cases import PUSH_KINDS, STREAMS, Case, Fuzzer
+from .fuzz_oracle import FUZZ, Oracle, push_must_refuse
 
 CASES = 5_000  # was 10,000 (~95 s on CI); the mutations cover every family and RPC well within 5,000 (the artifact
 # counts them) and the RSS bound still spans 3,500 cases after the warm-up
@@ -36,6 +39,7 @@ RSS_GROWTH_BOUND = 64 << 20  # what the peer's memory may grow by over the rest 
 RSS_BOUND = 320 << 20  # and over the whole run
 ARTIFACT = peer_process.REPO_ROOT / ".cache" / "artifacts" / "fuzz.json"
 NEVER = {grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED}
+PUSH_CASES = 400  # pushes into one live session, every kind ~50 times
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +154,39 @@ def test_fuzzing_a_live_peer(target, smollm2_path: Path, one_thread) -> None:
     assert ok >= CASES // 20, f"only {ok} valid requests: the mutations leave too few valid ones to test success"
     assert max(rss[WARMUP // 250 :]) - baseline <= RSS_GROWTH_BOUND, [r >> 20 for r in rss]
     assert max(rss) - rss[0] <= RSS_BOUND, [r >> 20 for r in rss]
+
+
+def test_pushes_into_a_live_session_change_nothing_they_do_not_own(target, smollm2_path: Path, one_thread) -> None:
+    """A client's session is open on the fuzzed peer and fenced once (a failover: its first token is now a
+    replaced peer's). Pushes by whoever lacks the current token, or that roll back, skip, reorder or redirect, are
+    all refused, and the session then goes on exactly as the local blocks compute it."""
+    process, address = target
+    span = load_span(smollm2_path, 0, 2)
+    tokens = torch.randn(2, 7, 576, generator=torch.Generator().manual_seed(SEED))
+    hop = Hop("fuzzed", address, Span(0, 2))
+    session = SpanSession(hop, 2, 64, CodecId.NONE, 30.0, SwarmCredentials.open())
+    counts: collections.Counter[str] = collections.Counter()
+    wrong: list[str] = []
+    try:
+        got = [session.step(tokens[:, :4], 0, 1)]
+        past_token = session.push_token
+        session.fence()
+        with grpc.insecure_channel(address) as channel:
+            for case in Fuzzer(SEED).pushes(session.session_id, past_token, 4, 2, PUSH_CASES):
+                code, details, _ = call(channel, case)
+                counts[f"{case.family}:{code.name}"] += 1
+                if code in NEVER or code is grpc.StatusCode.INTERNAL:
+                    wrong.append(f"{case.family} ({push_must_refuse(case.family)}): {code.name} {details}")
+        for step_id, position in enumerate(range(4, 7), start=2):
+            got.append(session.step(tokens[:, position : position + 1], position, step_id))
+    finally:
+        session.close()
+    assert process.poll() is None
+    assert not wrong, "\n".join(wrong[:20])
+    assert {key.split(":")[0] for key in counts} == set(PUSH_KINDS), counts
+    cache = span.new_cache(2, 64)
+    with torch.inference_mode():
+        expected = [span(tokens[:, :4], position=0, cache=cache)]
+        expected += [span(tokens[:, p : p + 1], position=p, cache=cache) for p in range(4, 7)]
+    for output, reference in zip(got, expected, strict=True):
+        assert torch.allclose(output, reference, rtol=1e-4, atol=1e-3)

@@ -21,6 +21,7 @@ from swarm import errors
         (errors.InvalidSpan("x"), grpc.StatusCode.INVALID_ARGUMENT),
         (errors.WrongSpan("x"), grpc.StatusCode.FAILED_PRECONDITION),
         (errors.Unauthenticated("x"), grpc.StatusCode.UNAUTHENTICATED),
+        (errors.PermissionDenied("x"), grpc.StatusCode.PERMISSION_DENIED),
         (errors.CredentialsError("x"), grpc.StatusCode.INTERNAL),
         (RuntimeError("x"), grpc.StatusCode.INTERNAL),
     ],
@@ -31,7 +32,7 @@ def test_each_error_maps_to_one_status(error: Exception, code: grpc.StatusCode) 
 
 def test_client_side_mapping_inverts_the_table_for_retryable_classes() -> None:
     retryable = (errors.PeerUnavailable, errors.Overloaded, errors.SessionLost, errors.WrongSpan)
-    for error_type in (*retryable, errors.InvalidRequest):
+    for error_type in (*retryable, errors.InvalidRequest, errors.PermissionDenied):
         code = errors.status_for(error_type("x"))
         rebuilt = errors.error_for(code, "details")
         assert isinstance(rebuilt, error_type) and "details" in str(rebuilt)
