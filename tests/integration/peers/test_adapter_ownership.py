@@ -11,7 +11,6 @@ from contextlib import contextmanager
 import grpc
 import pytest
 import torch
-from transformers import LlamaConfig
 
 from peers.limits import LimitsConfig
 from peers.lora import AdapterKey, LoraWeights
@@ -19,29 +18,13 @@ from peers.server import PeerServer, ServerConfig
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CodecId, decode, encode
-from swarm.partition import BlockConfig, BlockSpan
-from swarm.partition.layers import RotaryEmbedding
 from swarm.security import SwarmCredentials
 
 from ...swarm_keys import Keys, make_keys
+from ...tiny_llama import HIDDEN, tiny_llama_span
 
-HIDDEN, BLOCKS, RANK = 64, 4, 4
+BLOCKS, RANK = 4, 4
 UPLOAD_BYTES = BLOCKS * 4 * (RANK * HIDDEN + HIDDEN * RANK + RANK * HIDDEN + 32 * RANK)  # q_proj and v_proj, float32
-
-
-def tiny_span() -> BlockSpan:
-    torch.manual_seed(0)
-    hf = LlamaConfig(
-        vocab_size=128,
-        hidden_size=HIDDEN,
-        intermediate_size=96,
-        num_hidden_layers=BLOCKS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    cfg = BlockConfig.from_hf(hf)
-    return BlockSpan(cfg, RotaryEmbedding(hf, cfg.head_dim), 0, BLOCKS).eval().requires_grad_(False)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +39,8 @@ def tiny_peer(
     """A started peer on the tiny span with room for `uploads` uploads in all and `per_client` per client."""
     limits = LimitsConfig(adapter_bytes_per_client=per_client * UPLOAD_BYTES, adapter_bytes=uploads * UPLOAD_BYTES)
     server = PeerServer(
-        tiny_span(), ServerConfig(cache_tokens=256, limits=limits, adapters=adapters, credentials=credentials)
+        tiny_llama_span(layers=BLOCKS),
+        ServerConfig(cache_tokens=256, limits=limits, adapters=adapters, credentials=credentials),
     )
     server.start()
     try:
