@@ -3,14 +3,14 @@
 config.py: PeerConfig; daemon.py: PeerDaemon (DHT membership, drain); actor.py: StagePeer (the Ray actor);
 stage_handle.py: the stage in a Ray actor or in this process, behind one handle; server.py: PeerServer (gRPC server +
 health); serving_loop.py: the asyncio loop the servers' streams run on; service.py: the Peer servicer (decode,
-validate, call, encode); handlers.py: its registration, with lenient request parsing; rpc_status.py: the one error
+validate, call, encode); rpc_handlers.py: its registration, with lenient request parsing; rpc_status.py: the one error
 table applied to every handler; limits.py: per-client admission (sessions, request rate, tokens, bytes); push.py:
 session inboxes, their push fence and the push to the next peer; push_targets.py: the next peers it may push to.
-The token path below the service: engine.py: the loop (schedule, run, complete futures); engine_state.py: what it
+The token path below the service: engine.py: the loop (schedule, run, complete futures); engine_records.py: what it
 keeps per session and step; engine_pages.py: pages per iteration (admission, preemption, beams, idle closes);
 scheduler.py: what runs next (token budget, chunking, forward batching); model_runner.py: one ragged batch per
 iteration through the span; paged_attention.py: attention over the pages; kv_cache.py: the page pool and page
-tables; backend.py: forward and backward tasks on tensors.
+tables; task_runner.py: forward and backward tasks on tensors.
 Adapters: lora.py: LoRA deltas on a span's linear layers and the uploads' cache; adapter_service.py: LoadAdapter;
 adapter_budget.py: bytes of uploads per uploader; served_adapters.py: named adapters for inference sessions.
 metrics.py: Prometheus; placement.py: which blocks to take and whether to move; memory.py: how many blocks fit;

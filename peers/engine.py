@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from peers.engine_pages import SessionPages
-from peers.engine_state import EngineConfig, EngineSession, Step
+from peers.engine_records import EngineConfig, EngineSession, Step
 from peers.kv_cache import Sequence
 from peers.lora import LoraWeights
 from peers.metrics import PeerMetrics

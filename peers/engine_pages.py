@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from peers.engine_state import EngineConfig, EngineSession, Step, admission_order
+from peers.engine_records import EngineConfig, EngineSession, Step, admission_order
 from peers.kv_cache import PagePool, copies_needed, reorder
 from peers.metrics import PeerMetrics
 from peers.scheduler import Chunk, Ready, plan_iteration, reject

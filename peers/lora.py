@@ -3,7 +3,7 @@ within a byte budget) and their application to the span's linear layers for one 
 
 The client owns the trainable tensors and the optimizer (swarm/finetune/lora.py); a peer is stateless compute with
 a cache, so a peer's death loses nothing. The math is peft's LoRA `Linear`: output = base(x) + B(A(x)) * scaling
-(no dropout), so that a swarm forward equals a local peft one. Called by peers/backend.py and peers/service.py.
+(no dropout), so that a swarm forward equals a local peft one. Called by peers/task_runner.py and peers/service.py.
 """
 
 from __future__ import annotations

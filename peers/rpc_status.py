@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import grpc
 
-from peers.handlers import Unparsable, parsed
 from peers.limits import Admission, client_key
 from peers.metrics import PeerMetrics
+from peers.rpc_handlers import Unparsable, parsed
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import InvalidRequest, LimitExceeded, status_for
 
@@ -39,7 +39,7 @@ class Served(Protocol):
 
 
 def _admit(service: Served, request: Any, context: Any) -> None:
-    """Per-client admission, then refuse a request that did not parse (peers/handlers.py)."""
+    """Per-client admission, then refuse a request that did not parse (peers/rpc_handlers.py)."""
     service.admission.request(client_key(context))
     if isinstance(request, Unparsable):
         raise request.error()

@@ -14,19 +14,19 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2
 
-from peers.backend import ForwardJob, SpanBackend
 from peers.config import ServerConfig
 from peers.engine import Engine
-from peers.engine_state import EngineConfig
-from peers.handlers import SERVICE_NAME, add_health_service, add_peer_service
+from peers.engine_records import EngineConfig
 from peers.kv_cache import PagePool, PoolShape
 from peers.limits import stream_bytes_for
 from peers.memory import kv_pool_pages
 from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner
+from peers.rpc_handlers import SERVICE_NAME, add_health_service, add_peer_service
 from peers.scheduler import TaskKind
 from peers.service import PeerService, ServiceConfig
 from peers.serving_loop import serving_loop
+from peers.task_runner import ForwardJob, TaskRunner
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import CredentialsError
 from swarm.partition import BlockSpan
@@ -63,7 +63,7 @@ class PeerServer:
             raise CredentialsError("no swarm credentials: pass SwarmCredentials.load(DIR) or SwarmCredentials.open()")
         self.config = config
         self.metrics = PeerMetrics(peer_id)
-        self.backend = SpanBackend(span, config.max_request_tokens)
+        self.backend = TaskRunner(span, config.max_request_tokens)
         self.pool = PagePool(pool_shape(span, config), span.dtype, span.device)
         self.engine = Engine(
             ModelRunner(span, self.pool),

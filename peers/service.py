@@ -18,13 +18,13 @@ import grpc
 import torch
 
 from peers.adapter_service import AdapterRpcs, adapter_grads, adapter_stores
-from peers.backend import BackwardJob, ForwardJob, SpanBackend
 from peers.engine import Engine
 from peers.limits import Admission, LimitsConfig, RecentIds, SessionBudget, StreamBudget, client_key
 from peers.metrics import PeerMetrics
 from peers.push import Inbox, Inboxes, Pusher
 from peers.rpc_status import answers_errors, check_version
 from peers.scheduler import TaskKind
+from peers.task_runner import BackwardJob, ForwardJob, TaskRunner
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
@@ -66,7 +66,7 @@ class ServiceConfig:
 
 
 class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
-    def __init__(self, backend: SpanBackend, engine: Engine, config: ServiceConfig, metrics: PeerMetrics) -> None:
+    def __init__(self, backend: TaskRunner, engine: Engine, config: ServiceConfig, metrics: PeerMetrics) -> None:
         self.backend, self.engine, self.config = backend, engine, config
         self.metrics = metrics
         self.admission = Admission(config.limits)

@@ -1,7 +1,8 @@
 """A span of consecutive transformer blocks [start, end) built from a checkpoint, and a contiguous KV cache for
 one session run locally (the demo, reference runs in tests; peers keep theirs in pages, peers/kv_cache.py).
 
-Peers (peers/backend.py, peers/model_runner.py) run spans; clients chain them. Loading reads only the span's tensors.
+Peers (peers/task_runner.py, peers/model_runner.py) run spans; clients chain them. Loading reads only the span's
+tensors.
 """
 
 from __future__ import annotations

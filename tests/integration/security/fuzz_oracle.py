@@ -13,8 +13,8 @@ import torch
 from google.protobuf.message import DecodeError
 
 from benchmarks.peer_process import FUZZ
-from peers.backend import MAX_POSITION, BackwardJob, ForwardJob, SpanBackend
 from peers.limits import MESSAGE_OVERHEAD_BYTES, stream_bytes_for
+from peers.task_runner import MAX_POSITION, BackwardJob, ForwardJob, TaskRunner
 from swarm._proto import swarm_pb2 as pb
 from swarm.codec import CODECS, decode, join
 from swarm.codec.base import FLOATING_DTYPES
@@ -52,7 +52,7 @@ class Oracle:
     """`backend` runs the fuzzed span locally, for answers that go out in 8 bits: an 8-bit codec cannot encode
     NaN/Inf, which blocks produce from finite inputs big enough to overflow (the peer then answers INTERNAL)."""
 
-    def __init__(self, backend: SpanBackend) -> None:
+    def __init__(self, backend: TaskRunner) -> None:
         self.backend = backend
 
     def expect(self, rpc: str, messages: list[bytes]) -> Expect:
@@ -130,7 +130,7 @@ class Oracle:
 class _Session:
     """What the peer's session does with each step message (peers/service.py, _serve_steps)."""
 
-    def __init__(self, opening: pb.InferenceOpen, backend: SpanBackend) -> None:
+    def __init__(self, opening: pb.InferenceOpen, backend: TaskRunner) -> None:
         self.batch_size, self.max_length = opening.batch_size, opening.max_length
         self.length, self.answers, self.held = 0, 0, 0
         self.blocks, self.backend = range(opening.start_block, opening.end_block), backend

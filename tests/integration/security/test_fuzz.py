@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from benchmarks import peer_process
-from peers.backend import SpanBackend
+from peers.task_runner import TaskRunner
 from swarm._proto import swarm_pb2 as pb
 from swarm.client.span_session import SpanSession
 from swarm.codec import CodecId, decode, encode, join
@@ -115,7 +115,7 @@ def one_thread() -> Iterator[None]:
 def test_fuzzing_a_live_peer(target, smollm2_path: Path, one_thread) -> None:
     process, address = target
     peer = psutil.Process(process.pid)
-    oracle = Oracle(SpanBackend(load_span(smollm2_path, 0, 2), FUZZ.max_request_tokens))
+    oracle = Oracle(TaskRunner(load_span(smollm2_path, 0, 2), FUZZ.max_request_tokens))
     counts: collections.Counter[str] = collections.Counter()
     wrong: list[str] = []
     rss = [peer.memory_info().rss]

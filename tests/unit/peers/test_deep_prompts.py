@@ -1,4 +1,4 @@
-"""Deep prompts on a tiny random span (peers/backend.py, BlockSpan.run): a forward adds row i of the prompts to the
+"""Deep prompts on a tiny random span (peers/task_runner.py, BlockSpan.run): a forward adds row i of the prompts to the
 first pre_seq_len positions entering block i, batched jobs keep their own prompts, a backward's prompt gradient
 equals autograd through that sum (summed over the batch), and prompts that do not fit are refused."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peers.backend import BackwardJob, ForwardJob, SpanBackend
+from peers.task_runner import BackwardJob, ForwardJob, TaskRunner
 from swarm.errors import InvalidRequest
 
 PRE = 2
@@ -22,7 +22,7 @@ def by_hand(span, hidden: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
 
 
 def test_forward_and_backward_with_deep_prompts(tiny_span) -> None:
-    backend = SpanBackend(tiny_span, 4096)
+    backend = TaskRunner(tiny_span, 4096)
     generator = torch.Generator().manual_seed(0)
     hidden, grad_out = torch.randn(2, 5, 64, generator=generator), torch.randn(2, 5, 64, generator=generator)
     prompts = torch.randn(4, PRE, 64, generator=generator)
@@ -44,7 +44,7 @@ def test_forward_and_backward_with_deep_prompts(tiny_span) -> None:
 
 
 def test_a_sub_range_uses_its_own_rows(tiny_span) -> None:
-    backend = SpanBackend(tiny_span, 4096)
+    backend = TaskRunner(tiny_span, 4096)
     hidden, prompts = torch.randn(1, 4, 64), torch.randn(4, PRE, 64)
     whole = backend.forward([ForwardJob(hidden, 0, range(0, 4), None, prompts)])[0]
     half = backend.forward([ForwardJob(hidden, 0, range(0, 2), None, prompts[:2])])[0]
@@ -56,7 +56,7 @@ def test_a_sub_range_uses_its_own_rows(tiny_span) -> None:
     [((3, PRE, 64), "prompts must be"), ((4, 6, 64), "prompts must be"), ((4, PRE, 32), "prompts must be")],
 )
 def test_prompts_that_do_not_fit_are_refused(tiny_span, shape, message) -> None:
-    backend = SpanBackend(tiny_span, 4096)
+    backend = TaskRunner(tiny_span, 4096)
     with pytest.raises(InvalidRequest, match=message):
         backend.check_prompts(torch.zeros(shape), range(0, 4), seq=5)
     with pytest.raises(InvalidRequest, match="finite"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from peers.engine import Engine
-from peers.engine_state import EngineConfig
+from peers.engine_records import EngineConfig
 from peers.kv_cache import PagePool, PoolShape
 from peers.model_runner import ModelRunner
 from peers.scheduler import TaskKind

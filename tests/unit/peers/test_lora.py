@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from peers.adapter_budget import AdapterBudget
-from peers.backend import BackwardJob, ForwardJob, SpanBackend
 from peers.lora import IDLE_EVICT_S, AdapterCache, AdapterKey, LoraWeights, check_shapes
+from peers.task_runner import BackwardJob, ForwardJob, TaskRunner
 from swarm.errors import AdapterNotFound, InvalidRequest, LimitExceeded
 
 RANK, SCALING = 4, 2.0
@@ -38,7 +38,7 @@ def merged(span, weights: LoraWeights, tensors: dict[str, torch.Tensor]) -> dict
 
 
 def test_forward_and_backward_equal_merged_weights(tiny_span) -> None:
-    backend, weights = SpanBackend(tiny_span, 4096), lora_weights(tiny_span)
+    backend, weights = TaskRunner(tiny_span, 4096), lora_weights(tiny_span)
     hidden, grad_out = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
     got = backend.forward([ForwardJob(hidden, 0, range(0, 4), weights)])[0]
     expected = torch.func.functional_call(tiny_span, merged(tiny_span, weights, weights.tensors), (hidden,))

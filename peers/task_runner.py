@@ -1,5 +1,5 @@
-"""Runs a peer's span of blocks on tensors for stateless work: validated forward and backward (inference sessions
-run through peers/model_runner.py).
+"""TaskRunner: runs a peer's span of blocks on tensors for stateless work: validated forward and backward (inference
+sessions run through peers/model_runner.py).
 
 Knows nothing of gRPC or Ray. The service decodes tensors, checks them here, and the engine calls these.
 """
@@ -45,7 +45,7 @@ class BackwardResult:
     grad_prompts: torch.Tensor | None  # [blocks, pre_seq_len, hidden], summed over the batch; None without prompts
 
 
-class SpanBackend:
+class TaskRunner:
     """The compute side of a peer. Serving does not train: parameters are frozen, only input gradients flow."""
 
     def __init__(self, span: BlockSpan, max_request_tokens: int) -> None:
