@@ -22,6 +22,7 @@ from swarm.security import SwarmCredentials
 from swarm.types import PeerState
 
 from ..integration.daemons import Daemon
+from ..machine_pace import scaled
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
@@ -30,6 +31,9 @@ NEW_TOKENS = 12
 TRIALS = 3  # per kind of failure: each trial strikes a random peer at a random step (was 6; the suite's time)
 DRAIN_TRIALS = 2  # each SIGTERM trial waits for a fresh peer to load its blocks and join (~25 s): kept bounded
 FROZEN_STALL_S = 2.0  # the longest a frozen peer may hold up a token; waiting out the step timeout takes > 10 s
+# On a loaded machine the bound stretches with the measured slowdown (tests/machine_pace.py), never so far that
+# waiting out the step timeout would pass.
+FROZEN_STALL_MAX_S = 8.0
 PROMPT = "The ferry crossed the river every morning, and"
 SLOTS = {"a": "0:15", "b": "0:15", "c": "15:30", "d": "15:30"}
 
@@ -211,7 +215,8 @@ def test_a_peer_that_stops_answering_at_a_random_step(model, cluster, prompt_and
 
     stalls = run_trials(model, cluster, prompt_and_expected, strike, recover)
     print(f"longest wait for a token after freezing a peer, per trial: {[round(s, 2) for s in stalls]} s")
-    assert max(stalls) < FROZEN_STALL_S, f"stalls after freezing a peer: {[round(s, 2) for s in stalls]}"
+    bound = min(scaled(FROZEN_STALL_S), FROZEN_STALL_MAX_S)
+    assert max(stalls) < bound, f"stalls after freezing a peer: {[round(s, 2) for s in stalls]} (bound {bound:.1f} s)"
 
 
 class StrikeAtStep:
