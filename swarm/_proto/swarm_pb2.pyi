@@ -297,6 +297,118 @@ class PushResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class BatchedStep(_message.Message):
+    __slots__ = ("session_id", "step_id", "position", "batch", "new_tokens", "push_to", "hypo_ids", "push_token")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_TO_FIELD_NUMBER: _ClassVar[int]
+    HYPO_IDS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    step_id: int
+    position: int
+    batch: int
+    new_tokens: int
+    push_to: _containers.RepeatedCompositeFieldContainer[PushTarget]
+    hypo_ids: _containers.RepeatedScalarFieldContainer[int]
+    push_token: bytes
+    def __init__(self, session_id: _Optional[str] = ..., step_id: _Optional[int] = ..., position: _Optional[int] = ..., batch: _Optional[int] = ..., new_tokens: _Optional[int] = ..., push_to: _Optional[_Iterable[_Union[PushTarget, _Mapping]]] = ..., hypo_ids: _Optional[_Iterable[int]] = ..., push_token: _Optional[bytes] = ...) -> None: ...
+
+class StepBatch(_message.Message):
+    __slots__ = ("steps", "hidden_states")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[BatchedStep]
+    hidden_states: Tensor
+    def __init__(self, steps: _Optional[_Iterable[_Union[BatchedStep, _Mapping]]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class SessionFence(_message.Message):
+    __slots__ = ("session_id", "push_token")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PUSH_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    push_token: bytes
+    def __init__(self, session_id: _Optional[str] = ..., push_token: _Optional[bytes] = ...) -> None: ...
+
+class SessionClose(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class SessionsRequest(_message.Message):
+    __slots__ = ("open", "steps", "fence", "close")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    open: InferenceOpen
+    steps: StepBatch
+    fence: SessionFence
+    close: SessionClose
+    def __init__(self, open: _Optional[_Union[InferenceOpen, _Mapping]] = ..., steps: _Optional[_Union[StepBatch, _Mapping]] = ..., fence: _Optional[_Union[SessionFence, _Mapping]] = ..., close: _Optional[_Union[SessionClose, _Mapping]] = ...) -> None: ...
+
+class StepResult(_message.Message):
+    __slots__ = ("session_id", "step_id", "position", "batch", "new_tokens", "pushed")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    step_id: int
+    position: int
+    batch: int
+    new_tokens: int
+    pushed: bool
+    def __init__(self, session_id: _Optional[str] = ..., step_id: _Optional[int] = ..., position: _Optional[int] = ..., batch: _Optional[int] = ..., new_tokens: _Optional[int] = ..., pushed: _Optional[bool] = ...) -> None: ...
+
+class AnswerBatch(_message.Message):
+    __slots__ = ("results", "hidden_states")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[StepResult]
+    hidden_states: Tensor
+    def __init__(self, results: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class SessionError(_message.Message):
+    __slots__ = ("session_id", "step_id", "code", "message")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    step_id: int
+    code: int
+    message: str
+    def __init__(self, session_id: _Optional[str] = ..., step_id: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SessionsResponse(_message.Message):
+    __slots__ = ("answers", "error")
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    answers: AnswerBatch
+    error: SessionError
+    def __init__(self, answers: _Optional[_Union[AnswerBatch, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...
+
+class PushBatchRequest(_message.Message):
+    __slots__ = ("protocol_version", "steps")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    steps: StepBatch
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., steps: _Optional[_Union[StepBatch, _Mapping]] = ...) -> None: ...
+
+class PushBatchResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, accepted: _Optional[_Iterable[bool]] = ...) -> None: ...
+
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -66,6 +66,16 @@ class PeerStub:
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.PushRequest.SerializeToString,
                 response_deserializer=swarm_dot___proto_dot_swarm__pb2.PushResponse.FromString,
                 _registered_method=True)
+        self.Sessions = channel.stream_stream(
+                '/rayswarm.v1.Peer/Sessions',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.SessionsRequest.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.SessionsResponse.FromString,
+                _registered_method=True)
+        self.PushBatch = channel.unary_unary(
+                '/rayswarm.v1.Peer/PushBatch',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.PushBatchRequest.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.PushBatchResponse.FromString,
+                _registered_method=True)
         self.LoadAdapter = channel.stream_unary(
                 '/rayswarm.v1.Peer/LoadAdapter',
                 request_serializer=swarm_dot___proto_dot_swarm__pb2.AdapterPart.SerializeToString,
@@ -125,6 +135,19 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sessions(self, request_iterator, context):
+        """batched inference (see StepBatch)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LoadAdapter(self, request_iterator, context):
         """replaces the caller's older version of that id
         """
@@ -176,6 +199,16 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Push,
                     request_deserializer=swarm_dot___proto_dot_swarm__pb2.PushRequest.FromString,
                     response_serializer=swarm_dot___proto_dot_swarm__pb2.PushResponse.SerializeToString,
+            ),
+            'Sessions': grpc.stream_stream_rpc_method_handler(
+                    servicer.Sessions,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.SessionsRequest.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.SessionsResponse.SerializeToString,
+            ),
+            'PushBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushBatch,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.PushBatchRequest.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.PushBatchResponse.SerializeToString,
             ),
             'LoadAdapter': grpc.stream_unary_rpc_method_handler(
                     servicer.LoadAdapter,
@@ -357,6 +390,60 @@ class Peer:
             '/rayswarm.v1.Peer/Push',
             swarm_dot___proto_dot_swarm__pb2.PushRequest.SerializeToString,
             swarm_dot___proto_dot_swarm__pb2.PushResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sessions(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rayswarm.v1.Peer/Sessions',
+            swarm_dot___proto_dot_swarm__pb2.SessionsRequest.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.SessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rayswarm.v1.Peer/PushBatch',
+            swarm_dot___proto_dot_swarm__pb2.PushBatchRequest.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.PushBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
