@@ -7,8 +7,8 @@ shape and runs on CPU in fp32. Measured in one run: Hugging Face `generate` on t
 sequence), then two peer processes serving blocks [0, n/2) and [n/2, n) on the same device, and N concurrent
 generations through them (benchmarks/serve.py's client: own InferenceSession per generation, client head on the
 device). Prints one JSON object: `device`, `local_tokens_per_s`, per level the aggregate tokens/s, p50/p95
-per-token latency, time to first token and mean batch, and at the top `ratio_1` (swarm / local at 1 session) and
-`tokens_per_s_128`.
+per-token latency, time to first token and each peer's mean batch, and at the top `ratio_1` (swarm / local at 1
+session) and `tokens_per_s_128`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,20 @@
-"""Serving benchmark: concurrent generations through 2 peers whose engines batch every session's steps.
+"""Serving benchmark: concurrent generations through 2 peers whose engines batch every session's steps, against
+Hugging Face's batched greedy loop on the whole model (one process, one thread) in the same run.
 
-Run: `python -m benchmarks.serve --model .cache/models/smollm2-135m [--sessions 1 8 32 128] [--new-tokens 64]`.
+Run: `python -m benchmarks.serve --model .cache/models/smollm2-135m [--sessions 1 8 32 128] [--new-tokens 64]`,
+or `python -m benchmarks.serve --tiny [--sessions 1 32 128 512]`: a random Llama of 30 blocks, hidden 64, 4 heads,
+2 KV heads and SmolLM2's vocabulary (its size read from --model's config.json, 49152 without it), written to a
+temporary directory (its model compute is negligible: what is measured is everything around it).
 Two peer processes serve blocks [0, 15) and [15, 30) (fp32, CPU, one torch thread each); the client runs N
-generations at once, each in its own thread with its own InferenceSession (server-to-server push, the default
-8-bit codec): a 16-token prompt, then `new_tokens` greedy tokens, the client's head (embeddings, norm, LM head)
-computed per session. Prints one JSON object: per level, aggregate tokens/s, p50/p95 per-token latency and the
-peers' mean sequences per engine iteration; at the top, speedup_32 and speedup_128 (aggregate tokens/s against
-1 session, measured in the same run), p50_ms_1 and p95_ms_32.
+generations at once, each in its own thread with its own InferenceSession, all sharing one PeerStubs as an
+application's DistributedModel does (server-to-server push, the default 8-bit codec): a 16-token prompt, then
+`new_tokens` greedy tokens, the client's head (embeddings, norm, LM head) computed per session. A level's
+tokens/s is sessions × new_tokens over the time from the sessions' start (prefill included) to the last token.
+The baseline (benchmarks/hf_baseline.py: `model(...)` with past_key_values in a plain loop, prefill included the
+same way, in a spawned process with one torch thread) runs first, at the same batch sizes, prompt and new tokens.
+Prints one JSON object: per level, aggregate tokens/s, p50/p95 per-token latency and each peer's mean sequences
+per engine iteration; at the top the baseline's tokens/s, `efficiency_N` (swarm ÷ baseline at N), speedup_32 and
+speedup_128 (against 1 session), p50_ms_1, p95_ms_32 and p95_ms_32_over_p50_ms_1.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import json
 import multiprocessing
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -28,17 +37,22 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import peer_process
+from benchmarks import hf_baseline, peer_process
+from swarm.channels import PeerStubs
 from swarm.client import InferenceSession
 from swarm.codec import DEFAULT_CODEC
 from swarm.partition import ClientHead, load_client_head
 from swarm.router import MinLatencyRouter
 from swarm.security import SwarmCredentials
+from swarm.training.init_model import write_random_llama
 from swarm.types import PeerInfo, PeerState, Span
 
 PROMPT = "The old stone bridge at the edge of the market town had stood for more than four hundred years."
 SPANS = ((0, 15), (15, 30))
 CACHE_TOKENS = 65536  # the peers' pool (ServerConfig's default): what the router sees as room
+PROMPT_TOKENS = 16
+TINY = dict(layers=30, hidden=64, heads=4, kv_heads=2)  # --tiny's shape: model compute negligible on a CPU
+SMOLLM2_VOCAB = 49152  # --tiny's vocabulary size when the converted SmolLM2 is absent
 
 
 @dataclass
@@ -49,7 +63,9 @@ class _Level:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _generate(head: ClientHead, peers: list[PeerInfo], prompt: torch.Tensor, new_tokens: int, level: _Level) -> None:
+def _generate(
+    head: ClientHead, peers: list[PeerInfo], stubs: PeerStubs, prompt: torch.Tensor, new_tokens: int, level: _Level
+) -> None:
     length = prompt.shape[1] + new_tokens
     blocks = Span(min(p.span.start for p in peers), max(p.span.end for p in peers))
     device = head.norm.weight.device
@@ -57,7 +73,7 @@ def _generate(head: ClientHead, peers: list[PeerInfo], prompt: torch.Tensor, new
     try:
         with InferenceSession(
             MinLatencyRouter(), lambda fresh=False: peers, blocks, 1, length, DEFAULT_CODEC,
-            step_timeout_s=120, credentials=SwarmCredentials.open(),
+            step_timeout_s=120, credentials=SwarmCredentials.open(), stubs=stubs,
         ) as session, torch.inference_mode():  # fmt: skip
             feed = prompt.to(device)
             for _ in range(new_tokens):
@@ -72,16 +88,28 @@ def _generate(head: ClientHead, peers: list[PeerInfo], prompt: torch.Tensor, new
         level.first_token_s.extend(times[:1] and [times[0] - started])
 
 
-def _mean_batch(metrics_urls: list[str]) -> tuple[float, float]:
-    """Sum and count of sequences per engine iteration over both peers, from their /metrics."""
+def batch_sequences(metrics: str) -> tuple[float, float]:
+    """Sum and count of a peer's sequences per engine iteration, from its /metrics text."""
     total = count = 0.0
-    for url in metrics_urls:
-        for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
-            if line.startswith("swarm_engine_batch_sequences_sum"):
-                total += float(line.split()[-1])
-            elif line.startswith("swarm_engine_batch_sequences_count"):
-                count += float(line.split()[-1])
+    for line in metrics.splitlines():
+        if line.startswith("swarm_engine_batch_sequences_sum"):
+            total += float(line.split()[-1])
+        elif line.startswith("swarm_engine_batch_sequences_count"):
+            count += float(line.split()[-1])
     return total, count
+
+
+def _batch_counters(metrics_urls: list[str]) -> list[tuple[float, float]]:
+    """Each peer's `batch_sequences`, read from its /metrics."""
+    return [batch_sequences(urllib.request.urlopen(url, timeout=10).read().decode()) for url in metrics_urls]
+
+
+def mean_batches(before: list[tuple[float, float]], after: list[tuple[float, float]]) -> list[float]:
+    """Each peer's mean sequences per engine iteration between two reads of its counters (0 if it ran none)."""
+    return [
+        round((total - total_0) / max(count - count_0, 1), 2)
+        for (total_0, count_0), (total, count) in zip(before, after, strict=True)
+    ]
 
 
 @dataclass(frozen=True)
@@ -98,8 +126,9 @@ def _client_process(spec: ClientSpec, peers, prompt, sessions: int, new_tokens: 
     torch.set_num_threads(1)  # each peer process computes with one thread too
     head = load_client_head(spec.model, dtype=getattr(torch, spec.dtype), device=spec.device)
     level = _Level()
+    stubs = PeerStubs(SwarmCredentials.open())  # one per process, as a DistributedModel's sessions share its own
     threads = [
-        threading.Thread(target=_generate, args=(head, peers, prompt, new_tokens, level), daemon=True)
+        threading.Thread(target=_generate, args=(head, peers, stubs, prompt, new_tokens, level), daemon=True)
         for _ in range(sessions)
     ]
     barrier.wait()
@@ -107,6 +136,7 @@ def _client_process(spec: ClientSpec, peers, prompt, sessions: int, new_tokens: 
         thread.start()
     for thread in threads:
         thread.join(1800)
+    stubs.close()
     results.put((level.token_s, level.first_token_s, level.failures))
 
 
@@ -126,7 +156,7 @@ def run_level(
     for worker in workers:
         worker.start()
     barrier.wait(timeout=600)  # every client has loaded its head
-    before = _mean_batch(metrics_urls)
+    before = _batch_counters(metrics_urls)
     started = time.perf_counter()
     level = _Level()
     for _ in workers:
@@ -137,7 +167,7 @@ def run_level(
     wall_s = time.perf_counter() - started
     for worker in workers:
         worker.join(60)
-    after = _mean_batch(metrics_urls)
+    after = _batch_counters(metrics_urls)
     ms = sorted(1000 * s for s in level.token_s) or [float("nan")]
     tokens = sessions * new_tokens - new_tokens * len(level.failures)
     return {
@@ -147,7 +177,7 @@ def run_level(
         "p50_ms": round(statistics.median(ms), 1),
         "p95_ms": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 1),
         "first_token_ms": round(1000 * statistics.median(level.first_token_s or [float("nan")]), 1),
-        "mean_batch": round((after[0] - before[0]) / max(after[1] - before[1], 1), 2),
+        "mean_batch_per_peer": mean_batches(before, after),  # sequences per engine iteration, each peer
         "wall_s": round(wall_s, 1),
         "failures": len(level.failures),
         "failure_examples": level.failures[:2],
@@ -177,30 +207,69 @@ def two_peers(
             peer_process.stop(process)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
-    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32, 128])
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--clients", type=int, default=1, help="client processes the sessions are spread over")
-    ns = parser.parse_args(argv)
+def vocab_size(model: Path) -> int:
+    """The vocabulary size in `model`'s config.json (the converted SmolLM2's), SMOLLM2_VOCAB without one."""
+    config = model / "config.json"
+    return int(json.loads(config.read_text())["vocab_size"]) if config.is_file() else SMOLLM2_VOCAB
+
+
+def write_tiny(directory: Path, vocab: int) -> Path:
+    """--tiny's checkpoint (TINY's shape, `vocab` tokens, seed 0) written to `directory`; returns it."""
+    return write_random_llama(directory, vocab=vocab, **TINY, max_positions=4096, seed=0)
+
+
+def prompt_ids(model: Path, vocab: int) -> torch.Tensor:
+    """PROMPT's first 16 tokens ([1, 16]) in `model`'s tokenizer; 16 seeded random ids below `vocab` without one."""
+    if not (model / "tokenizer.json").is_file():
+        return torch.randint(0, vocab, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
     from transformers import AutoTokenizer
 
-    prompt = AutoTokenizer.from_pretrained(str(ns.model))(PROMPT, return_tensors="pt").input_ids[:, :16]
-    spec = ClientSpec(ns.model)
-    with two_peers(ns.model, max(ns.sessions)) as (peers, urls):
-        run_level(spec, peers, urls, prompt, 1, 4)  # warm-up: channels, first steps
-        levels = {n: run_level(spec, peers, urls, prompt, n, ns.new_tokens, ns.clients) for n in ns.sessions}
-    result: dict = {"benchmark": "serve", "new_tokens": ns.new_tokens, "codec": DEFAULT_CODEC.name}
-    result["levels"] = list(levels.values())
+    return AutoTokenizer.from_pretrained(str(model))(PROMPT, return_tensors="pt").input_ids[:, :PROMPT_TOKENS]
+
+
+def summary(levels: dict[int, dict], baseline: dict[int, float]) -> dict:
+    """The top-level figures: efficiency_N against the baseline, speedups against 1 session, latency ratios."""
+    swarm = {n: level["tokens_per_s"] for n, level in levels.items()}
+    result: dict = {"baseline_tokens_per_s": {str(n): t for n, t in baseline.items()}}
+    result |= hf_baseline.efficiency(swarm, baseline)
     if 1 in levels:
-        one = levels[1]["tokens_per_s"]
-        for n in (32, 128):
-            if n in levels:
-                result[f"speedup_{n}"] = round(levels[n]["tokens_per_s"] / one, 2)
+        result |= {f"speedup_{n}": round(swarm[n] / swarm[1], 2) for n in (32, 128) if n in levels}
         result["p50_ms_1"] = levels[1]["p50_ms"]
     if 32 in levels:
         result["p95_ms_32"] = levels[32]["p95_ms"]
+        if 1 in levels:
+            result["p95_ms_32_over_p50_ms_1"] = round(levels[32]["p95_ms"] / levels[1]["p50_ms"], 2)
+    return result
+
+
+def measure(ns: argparse.Namespace, model: Path, prompt: torch.Tensor) -> dict:
+    """The baseline, then the swarm's levels, on the checkpoint at `model`; the result's JSON object."""
+    baseline = hf_baseline.measure(model, prompt, ns.sessions, ns.new_tokens)
+    spec = ClientSpec(model)
+    with two_peers(model, max(ns.sessions)) as (peers, urls):
+        run_level(spec, peers, urls, prompt, 1, 4)  # warm-up: channels, first steps
+        levels = {n: run_level(spec, peers, urls, prompt, n, ns.new_tokens, ns.clients) for n in ns.sessions}
+    result: dict = {"benchmark": "serve", "model": "tiny" if ns.tiny else model.name, "new_tokens": ns.new_tokens}
+    result |= {"codec": DEFAULT_CODEC.name, **summary(levels, baseline), "levels": list(levels.values())}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
+    parser.add_argument("--tiny", action="store_true", help="a random 30-block Llama of hidden 64, --model's vocab")
+    parser.add_argument("--sessions", type=int, nargs="+", help="levels (1 8 32 128; with --tiny 1 32 128 512)")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=1, help="client processes the sessions are spread over")
+    ns = parser.parse_args(argv)
+    ns.sessions = ns.sessions or ([1, 32, 128, 512] if ns.tiny else [1, 8, 32, 128])
+    vocab = vocab_size(ns.model)
+    prompt = prompt_ids(ns.model, vocab)
+    if not ns.tiny:
+        result = measure(ns, ns.model, prompt)
+    else:
+        with tempfile.TemporaryDirectory(prefix="swarm-serve-tiny-") as directory:
+            result = measure(ns, write_tiny(Path(directory), vocab), prompt)
     print(json.dumps(result))
     return 0
 

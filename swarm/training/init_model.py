@@ -20,8 +20,10 @@ def write_random_llama(
     intermediate: int | None = None,
     max_positions: int = 1024,
     seed: int = 0,
+    kv_heads: int | None = None,
 ) -> Path:
-    """Save a fresh LlamaForCausalLM (float32 safetensors) to `out` and return it."""
+    """Save a fresh LlamaForCausalLM (float32 safetensors) to `out` and return it; `kv_heads` below `heads` makes
+    it grouped-query (None: as many as `heads`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -30,7 +32,7 @@ def write_random_llama(
         intermediate_size=intermediate or hidden * 2,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads or heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         bos_token_id=None,
