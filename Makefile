@@ -22,20 +22,20 @@ SCHEMA_READY := $(SCHEMA_CHECK)/node_modules/.installed
 demo: $(MODEL_READY)
 	$(PY) -m swarm demo --model $(MODEL)
 
-# Every tier in one run (unit first); the summary ends with each tier's counts and time (tests/tiers.py).
+# Every tier, each in its own parallel pytest run (tests/run_tiers.py), then each tier's wall time.
 test: $(MODEL_READY) test-tools grafana-schema
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests --durations=15
+	$(PY) tests/run_tiers.py
 
 # One tier, for the inner loop of development.
 test-unit: $(MODEL_READY)
-	$(PY) -m pytest tests/unit -m unit
+	$(PY) tests/run_tiers.py --tier unit
 
 test-integration: $(MODEL_READY) test-tools grafana-schema
-	$(PY) -m pytest tests -m integration --durations=15
+	$(PY) tests/run_tiers.py --tier integration
 
 test-system: $(MODEL_READY)
-	$(PY) -m pytest tests -m system --durations=15
+	$(PY) tests/run_tiers.py --tier system
 
 bench: $(MODEL_READY)
 	$(PY) -m benchmarks.codec --model $(MODEL)

@@ -10,8 +10,9 @@ A test may name its tier itself (`@pytest.mark.integration`): a unit module's on
 In the unit tier, starting a process or a gRPC server, or binding or connecting an internet socket, fails the test
 (TierViolation).
 
-`make test` runs every tier in one pytest run, unit first, and prints each tier's time at the end;
-`make test-unit`, `make test-integration` and `make test-system` run one (`pytest -m unit`, ...).
+`make test` runs each tier in its own pytest run, with pytest-xdist workers (tests/run_tiers.py), and prints each
+tier's wall time; `make test-unit`, `make test-integration` and `make test-system` run one. Under xdist, modules that
+share an expensive fixture form one group (SHARED_FIXTURE_GROUPS), every other module is a group of its own.
 """
 
 from __future__ import annotations
@@ -79,11 +80,47 @@ class TierTally:
     seconds: float = 0.0  # setup + call + teardown of its tests
 
 
+# Modules that share an expensive fixture run on one pytest-xdist worker, so that it is built once (tests/run_tiers.py
+# runs the tiers with `--dist loadgroup`); every other module is a group of its own (its module-scoped fixtures).
+SHARED_FIXTURE_GROUPS = {
+    "integration/operate/": "operate: one `swarm up` and `swarm api` for every module (operate/conftest.py)",
+}
+# The longest-running modules (measured; docs/figures.md#the-test-suite), started first within their tier so that no
+# worker is left with one at the end.
+LONGEST_FIRST = (
+    "integration/training/test_training_swarm.py",
+    "chaos/test_failover.py",
+    "integration/peers/test_placement_daemons.py",
+    "integration/operate/",
+    "integration/training/test_ray_client.py",
+    "integration/peers/test_finetune_churn.py",
+    "integration/security/test_fuzz.py",
+    "integration/peers/test_swarm_daemons.py",
+)
+
+
+def xdist_group_of(path: Path) -> str:
+    """The pytest-xdist group of the test module at `path`: a shared fixture's group, or the module itself."""
+    relative = path.resolve().relative_to(TESTS_ROOT).as_posix()
+    for prefix, group in SHARED_FIXTURE_GROUPS.items():
+        if relative.startswith(prefix):
+            return group.split(":", 1)[0]
+    return relative
+
+
+def _start_rank(path: Path) -> int:
+    relative = path.resolve().relative_to(TESTS_ROOT).as_posix()
+    return next((rank for rank, prefix in enumerate(LONGEST_FIRST) if relative.startswith(prefix)), len(LONGEST_FIRST))
+
+
+def _tier(item: pytest.Item) -> str:
+    return next(tier for tier in TIERS if item.get_closest_marker(tier) is not None)
+
+
 class Tiers:
     """Marks and orders the collected tests by tier, and reports each tier's counts and time."""
 
     def __init__(self) -> None:
-        self.tier_by_test: dict[str, str] = {}
         self.tallies: dict[str, TierTally] = defaultdict(TierTally)
 
     @pytest.hookimpl(tryfirst=True)
@@ -93,20 +130,23 @@ class Tiers:
             tier = marked[0] if marked else tier_of(Path(str(item.path)))
             if not marked:
                 item.add_marker(getattr(pytest.mark, tier))
-            self.tier_by_test[item.nodeid] = tier
-        # Cheap tiers first: a broken unit test is reported in minutes. sort() is stable, so a module's tests stay
-        # together and its module-scoped fixtures are built once.
-        items.sort(key=lambda item: TIERS.index(self.tier_by_test[item.nodeid]))
+            if item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(xdist_group_of(Path(str(item.path)))))
+        # Cheap tiers first: a broken unit test is reported in minutes; within a tier, the longest groups first, so
+        # that parallel workers do not end waiting on one. sort() is stable, so a module's tests stay together and
+        # its module-scoped fixtures are built once.
+        items.sort(key=lambda item: (TIERS.index(_tier(item)), _start_rank(Path(str(item.path)))))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-        if self.tier_by_test.get(item.nodeid) != "unit":
+        if _tier(item) != "unit":
             return (yield)
         with _no_processes_or_network(item.nodeid):
             return (yield)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        tier = self.tier_by_test.get(report.nodeid)
+        # By keyword, not by item: under pytest-xdist this runs in the controller, which collected nothing.
+        tier = next((tier for tier in TIERS if tier in report.keywords), None)
         if tier is None:
             return
         tally = self.tallies[tier]
@@ -131,13 +171,15 @@ class Tiers:
         if not self.tallies:
             return
         terminalreporter.section("tiers")
-        header = f"{'tier':<12} {'tests':>6} {'passed':>7} {'failed':>7} {'skipped':>8} {'time':>9}"
+        # Summed over the tests (setup, call, teardown): above the wall time when workers run in parallel
+        # (tests/run_tiers.py prints that).
+        header = f"{'tier':<12} {'tests':>6} {'passed':>7} {'failed':>7} {'skipped':>8} {'test time':>10}"
         terminalreporter.write_line(header)
         for tier in TIERS:
             if tier in self.tallies:
                 t = self.tallies[tier]
                 terminalreporter.write_line(
-                    f"{tier:<12} {t.tests:>6} {t.passed:>7} {t.failed:>7} {t.skipped:>8} {_minutes(t.seconds):>9}"
+                    f"{tier:<12} {t.tests:>6} {t.passed:>7} {t.failed:>7} {t.skipped:>8} {_minutes(t.seconds):>10}"
                 )
 
 
