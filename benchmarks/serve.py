@@ -8,7 +8,8 @@ temporary directory (its model compute is negligible: what is measured is everyt
 Two peer processes serve blocks [0, 15) and [15, 30) (fp32, CPU, one torch thread each); the client runs N
 generations at once, each in its own thread with its own InferenceSession, all sharing one PeerStubs as an
 application's DistributedModel does (server-to-server push, the default 8-bit codec): a 16-token prompt, then
-`new_tokens` greedy tokens, the client's head (embeddings, norm, LM head) computed per session. A level's
+`new_tokens` greedy tokens; the client's embeddings per session, its norm and LM head batched across the process's
+sessions (swarm/client/head_batching.py: SharedHead, as DistributedModel's generation uses it). A level's
 tokens/s is sessions × new_tokens over the time from the sessions' start (prefill included) to the last token.
 The baseline (benchmarks/hf_baseline.py: `model(...)` with past_key_values in a plain loop, prefill included the
 same way, in a spawned process with one torch thread) runs first, at the same batch sizes, prompt and new tokens.
@@ -40,8 +41,9 @@ import torch
 from benchmarks import hf_baseline, peer_process
 from swarm.channels import PeerStubs
 from swarm.client import InferenceSession
+from swarm.client.head_batching import SharedHead
 from swarm.codec import DEFAULT_CODEC
-from swarm.partition import ClientHead, load_client_head
+from swarm.partition import load_client_head
 from swarm.router import MinLatencyRouter
 from swarm.security import SwarmCredentials
 from swarm.training.init_model import write_random_llama
@@ -64,11 +66,11 @@ class _Level:
 
 
 def _generate(
-    head: ClientHead, peers: list[PeerInfo], stubs: PeerStubs, prompt: torch.Tensor, new_tokens: int, level: _Level
+    head: SharedHead, peers: list[PeerInfo], stubs: PeerStubs, prompt: torch.Tensor, new_tokens: int, level: _Level
 ) -> None:
     length = prompt.shape[1] + new_tokens
     blocks = Span(min(p.span.start for p in peers), max(p.span.end for p in peers))
-    device = head.norm.weight.device
+    device = head.head.norm.weight.device
     started, times = time.perf_counter(), []
     try:
         with InferenceSession(
@@ -124,7 +126,7 @@ class ClientSpec:
 def _client_process(spec: ClientSpec, peers, prompt, sessions: int, new_tokens: int, barrier, results) -> None:
     """One client process: `sessions` generations in threads, started together with the other processes'."""
     torch.set_num_threads(1)  # each peer process computes with one thread too
-    head = load_client_head(spec.model, dtype=getattr(torch, spec.dtype), device=spec.device)
+    head = SharedHead(load_client_head(spec.model, dtype=getattr(torch, spec.dtype), device=spec.device))
     level = _Level()
     stubs = PeerStubs(SwarmCredentials.open())  # one per process, as a DistributedModel's sessions share its own
     threads = [

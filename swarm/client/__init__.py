@@ -12,7 +12,8 @@ step latency, refused outputs for Prometheus); checks.py: what every answer of a
 callers pass, checked.
 model_session.py: ModelSession (a conversation whose caches the peers keep); remote_cache.py: SwarmCache (a
 transformers Cache on the peers); lora.py: LoraAdapter (trainable on the client, peft's format); adapter_upload.py:
-which peer holds which adapter version; prompts.py: PromptTuning; deep_prompts.py: DeepPromptTuning.
+which peer holds which adapter version; prompts.py: PromptTuning; deep_prompts.py: DeepPromptTuning;
+head_batching.py: SharedHead (one batched LM head for every concurrent session of a process).
 """
 
 from __future__ import annotations

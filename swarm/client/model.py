@@ -26,6 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from swarm.client.arguments import check_loop_arguments, check_session_shape, checked_input_ids
 from swarm.client.drafters import DraftModels
 from swarm.client.generate import GenerationParams, Speculation, decode_loop, resolved_params, speculative_decode_loop
+from swarm.client.head_batching import SharedHead
 from swarm.client.metrics import ClientMetrics
 from swarm.client.model_session import ModelSession
 from swarm.client.remote_cache import CACHE_KWARG, SwarmCache, rows_by_padding
@@ -64,6 +65,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.num_blocks = block_config.num_layers
         self.context_length = int(getattr(self.config, "max_position_embeddings", None) or DEFAULT_CONTEXT_LENGTH)
         self.head = load_client_head(path)
+        self.shared_head = SharedHead(self.head)  # generation's logits, batched across concurrent sessions
         self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True, credentials=self.credentials)
         name = config.model_name or Path(path).name
         self.metrics = ClientMetrics(name)

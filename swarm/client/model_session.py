@@ -15,6 +15,7 @@ from swarm.client.arguments import check_session_shape
 from swarm.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    from swarm.client.head_batching import SharedHead
     from swarm.client.session import InferenceSession
     from swarm.partition.client_head import ClientHead
 
@@ -25,6 +26,7 @@ class SessionHost(Protocol):
 
     context_length: int
     head: ClientHead
+    shared_head: SharedHead  # the head's logits, batched across the model's concurrent sessions
     _active: ContextVar[ModelSession | None]  # the session a `with` block made current
 
     @property
@@ -59,12 +61,12 @@ class ModelSession:
 
     def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Append ids [batch, n] to the session; returns the logits [batch, vocab] that follow the last one."""
-        return self.model.head.logits(self._append(ids)[:, -1])
+        return self.model.shared_head.logits(self._append(ids)[:, -1])
 
     def last_logits(self, ids: torch.Tensor, count: int) -> torch.Tensor:
         """Append ids [batch, n] to the session; returns the logits [batch, count, vocab] after each of its last
         `count` ids (not all n: the LM head over a long prompt costs as much as a few decoding steps)."""
-        return self.model.head.logits(self._append(ids)[:, -count:])
+        return self.model.shared_head.logits(self._append(ids)[:, -count:])
 
     def forget(self, count: int) -> None:
         """Roll the session back by its last `count` tokens (rejected drafts); the next step truncates the peers."""
