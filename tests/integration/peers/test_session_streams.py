@@ -411,3 +411,25 @@ def test_a_session_the_engine_closes_ends_alone_on_its_stream() -> None:
         assert set(stream.errors) == {"idle"} and stream.failure is None
     finally:
         server.stop()
+
+
+def test_a_long_prefill_does_not_hold_back_the_other_sessions_answers() -> None:
+    """A 640-token prompt takes many iterations (64 tokens each); the short steps sent in the same batch are
+    answered as they finish, in an AnswerBatch of their own, long before it."""
+    [server] = tiny_peers([(0, 4)], max_batch_tokens=64, max_request_tokens=1024, max_session_length=1024)
+    try:
+        with stub_of(server) as stub:
+            stream = StreamClient(stub)
+            stream.open("long", (0, 4), max_length=1024)
+            for i in range(8):
+                stream.open(f"short{i}", (0, 4))
+            steps = [Step("long", 0, 0, torch.randn(1, 640, HIDDEN))]
+            stream.steps(steps + [Step(f"short{i}", 0, 0, torch.randn(1, 1, HIDDEN)) for i in range(8)])
+            stream.answer("long", 0)
+            stream.end()
+            stream.finish()
+        answered = [{r.session_id for r in m.answers.results} for m in stream.messages if m.answers.results]
+        assert answered[-1] == {"long"} and len(answered) >= 2, answered
+        assert set().union(*answered[:-1]) == {f"short{i}" for i in range(8)}
+    finally:
+        server.stop()
