@@ -113,6 +113,8 @@ def test_sessions_on_one_stream_step_together_push_as_a_batch_and_equal_each_alo
         for i, plan in enumerate(plans):
             second.open(f"s{i}", HALVES[1], batch=plan[0].shape[0], token=tokens[i])
             first.open(f"s{i}", HALVES[0], batch=plan[0].shape[0])
+        # B's opens are on another stream: on a loaded machine they could come after A's first push (and its grace)
+        eventually(lambda: all(chain[1].service.streams.get(f"s{i}") for i in range(SESSIONS)), what="B's opens")
         got: list[list[torch.Tensor]] = [[] for _ in range(SESSIONS)]
         for step_id in range(len(plans[0])):
             targets = [
