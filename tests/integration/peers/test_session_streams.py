@@ -96,6 +96,12 @@ def wide_iterations(server: PeerServer) -> float:
     return count - (registry.get_sample_value("swarm_engine_batch_sequences_bucket", {"le": "8.0"}) or 0.0)
 
 
+def bytes_in(server: PeerServer) -> float:
+    """Raw bytes of the tensors the peer decoded from its callers, so far."""
+    labels = {"direction": "in", "kind": "raw"}
+    return server.metrics.registry.get_sample_value("swarm_tensor_bytes_total", labels) or 0.0
+
+
 def eventually(condition, timeout_s: float = 20.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -107,6 +113,7 @@ def test_sessions_on_one_stream_step_together_push_as_a_batch_and_equal_each_alo
     plans = [plan_for(i) for i in range(SESSIONS)]
     expected = [alone(chain, plan) for plan in plans]
     wide_before = [wide_iterations(server) for server in chain]
+    received_before = bytes_in(chain[1])
     tokens = [secrets.token_bytes(16) for _ in range(SESSIONS)]
     with stub_of(chain[0]) as stub_a, stub_of(chain[1]) as stub_b:
         first, second = StreamClient(stub_a), StreamClient(stub_b)
@@ -138,6 +145,9 @@ def test_sessions_on_one_stream_step_together_push_as_a_batch_and_equal_each_alo
     # every step of the 16 went to the engine at once: A's iterations, and B's (one PushBatch per wave), were wide
     wide = [wide_iterations(server) - before for server, before in zip(chain, wide_before, strict=True)]
     assert wide[0] == len(plans[0]) and wide[1] >= 1, f"iterations of more than 8 sequences on A and B: {wide}"
+    # B counted each pushed batch in once (one decode per PushBatch): exactly the pushed rows' bytes
+    pushed_rows = sum(h.shape[0] * h.shape[1] for plan in plans for h in plan)
+    assert bytes_in(chain[1]) - received_before == pushed_rows * HIDDEN * 4
 
 
 def nan_batch(steps: list[Step], poisoned: int) -> pb.StepBatch:
