@@ -1,45 +1,29 @@
 """The batched `Sessions` stream and PushBatch on the peer (issue 37): many sessions on one stream step together in
 the engine, push to the next peer as one batch and stay exactly what each would be alone; an error ends one
-session, never the others; the trust rules of issue 35 hold. Real peers over gRPC on 127.0.0.1, serving the two
-halves of a tiny random Llama (tests/tiny_llama.py): the point is the peer, not the model."""
+session, never the others; ending a stream frees its pages. Real peers over gRPC on 127.0.0.1, serving the two
+halves of a tiny random Llama (tests/tiny_llama.py): the point is the peer, not the model. The trust rules are in
+test_session_stream_trust.py."""
 
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import grpc
 import pytest
 import torch
 
-from peers.limits import LimitsConfig
-from peers.server import PeerServer, ServerConfig
+from peers.server import PeerServer
 from swarm._proto import swarm_pb2 as pb
-from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.client.span_session import SpanSession
 from swarm.codec import CodecId, encode
-from swarm.security import SwarmCredentials
-from swarm.types import Hop, Span
 
-from ...tiny_llama import HIDDEN, tiny_llama_span
-from .sessions_wire import Step, StreamClient
+from ...tiny_llama import HIDDEN
+from .session_peers import HALVES, OPEN, alone, eventually, hop, plan_for, stub_of, tiny_peers
+from .sessions_wire import Step, StreamClient, step_batch
 
-OPEN = SwarmCredentials.open()
-HALVES = ((0, 2), (2, 4))
 SESSIONS = 16
-LIMITS = LimitsConfig(sessions_per_client=64, requests_per_s=10_000, request_burst=10_000)
-
-
-def tiny_peers(spans=HALVES, **overrides: object) -> list[PeerServer]:
-    options: dict = {"cache_tokens": 64 * 1024, "max_session_length": 256, "limits": LIMITS, "credentials": OPEN}
-    config = ServerConfig(**(options | overrides))
-    servers = [PeerServer(tiny_llama_span(s, e), config, peer_id=f"tiny-{s}", model="tiny") for s, e in spans]
-    for server in servers:
-        server.start()
-    return servers
 
 
 @pytest.fixture(scope="module")
@@ -48,41 +32,6 @@ def chain() -> Iterator[list[PeerServer]]:
     yield servers
     for server in servers:
         server.stop()
-
-
-@contextmanager
-def stub_of(server: PeerServer) -> Iterator[pb_grpc.PeerStub]:
-    with grpc.insecure_channel(server.address, [("grpc.max_send_message_length", 64 << 20)]) as channel:
-        yield pb_grpc.PeerStub(channel)
-
-
-def hop(server: PeerServer) -> Hop:
-    span = server.backend.span
-    return Hop(server.service.config.peer_id, server.address, Span(span.start, span.end))
-
-
-def alone(servers: list[PeerServer], plan: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The last peer's output for each step of `plan`, run as one session through the old Inference path."""
-    sessions = [SpanSession(hop(s), plan[0].shape[0], 64, CodecId.NONE, 30.0, OPEN) for s in servers]
-    outputs, position = [], 0
-    try:
-        for step_id, hidden in enumerate(plan):
-            for session in sessions:
-                hidden = session.step(hidden, position, step_id)
-            outputs.append(hidden)
-            position += plan[step_id].shape[1]
-    finally:
-        for session in sessions:
-            session.close()
-    return outputs
-
-
-def plan_for(index: int, decode_steps: int = 3) -> list[torch.Tensor]:
-    """A prompt of 2..6 tokens, then single tokens; every 4th session has 2 rows."""
-    generator = torch.Generator().manual_seed(100 + index)
-    batch = 2 if index % 4 == 0 else 1
-    steps = [torch.randn(batch, 2 + index % 5, HIDDEN, generator=generator)]
-    return steps + [torch.randn(batch, 1, HIDDEN, generator=generator) for _ in range(decode_steps)]
 
 
 def positions(plan: list[torch.Tensor]) -> list[int]:
@@ -100,13 +49,6 @@ def bytes_in(server: PeerServer) -> float:
     """Raw bytes of the tensors the peer decoded from its callers, so far."""
     labels = {"direction": "in", "kind": "raw"}
     return server.metrics.registry.get_sample_value("swarm_tensor_bytes_total", labels) or 0.0
-
-
-def eventually(condition, timeout_s: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        time.sleep(0.02)
 
 
 def test_sessions_on_one_stream_step_together_push_as_a_batch_and_equal_each_alone(chain) -> None:
@@ -192,165 +134,6 @@ def test_one_sessions_bad_step_ends_it_alone(chain) -> None:
     for step_id in range(2):
         torch.testing.assert_close(outputs[0][step_id], expected[step_id], atol=1e-5, rtol=0)
     eventually(lambda: first.engine.open_sessions == 0, what="sessions closed")
-
-
-def push_batch(stub, session_id: str, step_id: int, position: int, hidden: torch.Tensor, token: bytes) -> list[bool]:
-    step = pb.BatchedStep(
-        session_id=session_id,
-        step_id=step_id,
-        position=position,
-        batch=hidden.shape[0],
-        new_tokens=hidden.shape[1],
-        push_token=token,
-    )
-    batch = pb.StepBatch(steps=[step], hidden_states=encode(hidden.reshape(-1, HIDDEN), CodecId.NONE))
-    request = pb.PushBatchRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, steps=batch)
-    return list(stub.PushBatch(request, timeout=10).accepted)
-
-
-def test_a_push_needs_the_token_and_leaves_the_session_whole(chain) -> None:
-    second = chain[1]
-    generator = torch.Generator().manual_seed(7)
-    plan = [torch.randn(1, 4, HIDDEN, generator=generator)] + [torch.randn(1, 1, HIDDEN, generator=generator)] * 2
-    expected = alone([second], plan)
-    token = secrets.token_bytes(16)
-    with stub_of(second) as stub:
-        stream = StreamClient(stub)
-        stream.open("c", HALVES[1], token=token)
-        stream.steps([Step("c", 0, 0, plan[0])])
-        got = [stream.answer("c", 0).hidden]
-        assert push_batch(stub, "c", 1, 4, plan[1], b"not the token") == [False]
-        assert push_batch(stub, "c", 1, 3, plan[1], token) == [False]  # rolls back: only the client may
-        assert push_batch(stub, "c", 1, 4, plan[1], token) == [True]
-        got.append(stream.answer("c", 1).hidden)
-        stream.steps([Step("c", 2, 5, plan[2])])
-        got.append(stream.answer("c", 2).hidden)
-        stream.end()
-        stream.finish()
-    assert not stream.errors
-    for step_id, output in enumerate(got):
-        torch.testing.assert_close(output, expected[step_id], atol=1e-5, rtol=0)
-
-
-@contextmanager
-def engine_held(server: PeerServer) -> Iterator[threading.Event]:
-    """The engine computes nothing until the event is set: steps wait in it, pushes queue behind them."""
-    gate, runner = threading.Event(), server.engine.runner
-    real = runner.run
-
-    def held(pieces, blocks):
-        gate.wait(20)
-        return real(pieces, blocks)
-
-    runner.run = held
-    try:
-        yield gate
-    finally:
-        gate.set()
-        del runner.run
-
-
-@pytest.mark.parametrize("fenced", [False, True], ids=["same epoch", "fenced"])
-def test_a_fence_drops_a_queued_push_of_the_old_epoch(chain, fenced: bool) -> None:
-    """A push accepted while the session's step runs waits behind it; a fence before it comes out drops it."""
-    second = chain[1]
-    token, session = secrets.token_bytes(16), f"f{int(fenced)}"
-    prompt = torch.randn(1, 6, HIDDEN)
-    with stub_of(second) as stub:
-        stream = StreamClient(stub)
-        stream.open(session, HALVES[1], token=token)
-        stream.steps([Step(session, 0, 0, prompt)])
-        stream.answer(session, 0)
-        with engine_held(second) as gate:
-            stream.steps([Step(session, 1, 0, prompt)])  # a rollback to the same length: 6 again after it
-            eventually(lambda: second.engine.queue_length == 1, what="the rollback in the engine")
-            assert push_batch(stub, session, 2, 6, torch.randn(1, 1, HIDDEN), token) == [True]
-            if fenced:
-                stream.fence(session, secrets.token_bytes(16))
-            stream.fence("nobody", b"")  # its SessionError says the stream has read what came before
-            stream.error("nobody")
-            gate.set()
-            stream.answer(session, 1)
-        if not fenced:
-            stream.answer(session, 2)
-        stream.steps([Step(session, 3, 7 if not fenced else 6, torch.randn(1, 1, HIDDEN))])
-        stream.answer(session, 3)
-        stream.end()
-        stream.finish()
-    assert ((session, 2) in stream.answers) is not fenced
-    assert session not in stream.errors
-
-
-def test_a_stream_cannot_step_fence_close_or_reopen_another_streams_session(chain) -> None:
-    first = chain[0]
-    plan = plan_for(9, decode_steps=1)
-    expected = alone([first], plan)
-    with stub_of(first) as stub:
-        owner, stranger = StreamClient(stub), StreamClient(stub)
-        owner.open("victim", HALVES[0])
-        owner.steps([Step("victim", 0, 0, plan[0])])
-        got = [owner.answer("victim", 0).hidden]
-        stranger.open("mine", HALVES[0])
-        length = plan[0].shape[1]
-        stranger.steps([Step("victim", 1, 0, torch.randn(1, 3, HIDDEN))])  # a rollback, if it were let in
-        assert stranger.error("victim").code == grpc.StatusCode.NOT_FOUND.value[0]
-        del stranger.errors["victim"]
-        stranger.close("victim")
-        stranger.fence("victim", b"stolen")
-        assert stranger.error("victim").code == grpc.StatusCode.NOT_FOUND.value[0]
-        del stranger.errors["victim"]
-        stranger.open("victim", HALVES[0])
-        assert "already open" in stranger.error("victim").message
-        owner.steps([Step("victim", 1, length, plan[1])])
-        got.append(owner.answer("victim", 1).hidden)
-        for stream in (owner, stranger):
-            stream.end()
-            stream.finish()
-    assert not owner.errors
-    for step_id, output in enumerate(got):
-        torch.testing.assert_close(output, expected[step_id], atol=1e-5, rtol=0)
-
-
-@pytest.fixture(scope="module")
-def strict() -> Iterator[PeerServer]:
-    limits = LimitsConfig(sessions_per_client=4, requests_per_s=10_000, request_burst=10_000)
-    [server] = tiny_peers([(0, 4)], open_timeout_s=0.5, limits=limits)
-    yield server
-    server.stop()
-
-
-def silent() -> Iterator[pb.SessionsRequest]:
-    threading.Event().wait(10)
-    yield pb.SessionsRequest()
-
-
-def test_a_stream_must_open_in_time_and_with_an_open(strict) -> None:
-    with stub_of(strict) as stub:
-        started = time.monotonic()
-        with pytest.raises(grpc.RpcError) as waited:
-            list(stub.Sessions(silent(), timeout=20))
-        assert waited.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "open_timeout_s" in waited.value.details()
-        assert time.monotonic() - started < 5
-        with pytest.raises(grpc.RpcError) as first_steps:
-            list(stub.Sessions(iter([pb.SessionsRequest(steps=pb.StepBatch())]), timeout=20))
-        assert first_steps.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-
-
-def test_the_per_client_session_limit_counts_the_streams_sessions(strict) -> None:
-    with stub_of(strict) as stub:
-        stream = StreamClient(stub)
-        for i in range(5):
-            stream.open(f"l{i}", (0, 4))
-        assert stream.error("l4").code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-        assert "sessions_per_client" in stream.errors["l4"].message
-        assert strict.service.admission.open_sessions("ipv4:127.0.0.1") == 4
-        stream.close("l0")
-        stream.open("l5", (0, 4))
-        stream.steps([Step("l5", 0, 0, torch.randn(1, 2, HIDDEN))])
-        stream.answer("l5", 0)
-        stream.end()
-        stream.finish()
-    eventually(lambda: strict.service.admission.open_sessions("ipv4:127.0.0.1") == 0, what="slots given back")
 
 
 @pytest.mark.parametrize("ending", ["cancel", "half-close"])
@@ -445,3 +228,27 @@ def test_a_long_prefill_does_not_hold_back_the_other_sessions_answers() -> None:
         assert set().union(*answered[:-1]) == {f"short{i}" for i in range(8)}
     finally:
         server.stop()
+
+
+def test_a_step_that_reorders_rows_equals_the_old_path(chain) -> None:
+    first = chain[0]
+    prompt, token = torch.randn(2, 3, HIDDEN), torch.randn(2, 1, HIDDEN)
+    old = SpanSession(hop(first), 2, 64, CodecId.NONE, 30.0, OPEN)
+    try:
+        old.step(prompt, 0, 0)
+        old.send(token, 3, 1, hypo_ids=[1, 1])
+        expected = old.receive(1, token)[0]
+    finally:
+        old.close()
+    with stub_of(first) as stub:
+        stream = StreamClient(stub)
+        stream.open("beam", HALVES[0], batch=2)
+        stream.steps([Step("beam", 0, 0, prompt)])
+        stream.answer("beam", 0)
+        [batch] = step_batch([Step("beam", 1, 3, token)])
+        batch.steps[0].hypo_ids.extend([1, 1])
+        stream.send(pb.SessionsRequest(steps=batch))
+        got = stream.answer("beam", 1).hidden
+        stream.end()
+        stream.finish()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)

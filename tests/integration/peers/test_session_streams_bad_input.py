@@ -16,8 +16,8 @@ from swarm._proto import swarm_pb2 as pb
 from swarm.codec import CodecId, encode
 
 from ...tiny_llama import HIDDEN
+from .session_peers import stub_of, tiny_peers
 from .sessions_wire import Step, StreamClient, opening, step_batch
-from .test_session_streams import stub_of, tiny_peers
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 SESSIONS_PATH = "/rayswarm.v1.Peer/Sessions"
