@@ -72,6 +72,7 @@ class PeerLink:
         self._routes: dict[str, _Route] = {}
         self._lock = threading.Lock()
         self._retired = False  # dropped by its owner: no new sessions, the stream ends after its last one
+        self.batches_sent = self.steps_sent = 0  # StepBatch messages (chunks apart) and the steps they carried
         self._call = stub.Sessions(self._requests())
         threading.Thread(target=self._read, name=f"link-{address}", daemon=True).start()
 
@@ -169,6 +170,7 @@ class PeerLink:
                 for step in group:
                     self._put(step.session_id, copy.copy(failure))
                 continue
+            self.batches_sent, self.steps_sent = self.batches_sent + 1, self.steps_sent + len(group)
             yield from messages
 
     # ---- the reader ----
