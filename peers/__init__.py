@@ -3,9 +3,12 @@
 config.py: PeerConfig; daemon.py: PeerDaemon (DHT membership, drain); actor.py: StagePeer (the Ray actor);
 stage_handle.py: the stage in a Ray actor or in this process, behind one handle; server.py: PeerServer (gRPC server +
 health); serving_loop.py: the asyncio loop the servers' streams run on; service.py: the Peer servicer (decode,
-validate, call, encode); rpc_handlers.py: its registration, with lenient request parsing; rpc_status.py: the one error
-table applied to every handler; limits.py: per-client admission (sessions, request rate, tokens, bytes); push.py:
-session inboxes, their push fence and the push to the next peer; push_targets.py: the next peers it may push to.
+validate, call, encode); chunked_streams.py: ForwardStream/BackwardStream chunks; rpc_handlers.py: its
+registration, with lenient request parsing; rpc_status.py: the one error table applied to every handler; limits.py:
+per-client admission (sessions, request rate, tokens, bytes); push.py: session inboxes, their push fence and the push
+to the next peer; push_targets.py: the next peers it may push to. Batched inference (issue 37): session_streams.py:
+the `Sessions` stream (many sessions of one client, stepped together); step_batches.py: a batch's tensor cut per
+step, chunked batches, AnswerBatch and SessionError messages; push_batch.py: PushBatch's delivery into the streams.
 The token path below the service: engine.py: the loop (schedule, run, complete futures); engine_records.py: what it
 keeps per session and step; engine_pages.py: pages per iteration (admission, preemption, beams, idle closes);
 scheduler.py: what runs next (token budget, chunking, forward batching); model_runner.py: one ragged batch per

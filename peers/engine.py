@@ -161,6 +161,18 @@ class Engine(SessionPages):
             self._cond.notify()
             return session.pending.future
 
+    def step_many(self, steps: list[tuple[str, torch.Tensor, int, list[int] | None]]) -> list[Future | SwarmError]:
+        """Queue several sessions' steps (session_id, hidden, position, hypo_ids) under one hold of the lock, so that
+        the loop plans them in the same iteration. Each gives its future, or the error `step` raised for it alone."""
+        queued: list[Future | SwarmError] = []
+        with self._cond:  # reentrant: `step` takes it again
+            for session_id, hidden, position, hypo_ids in steps:
+                try:
+                    queued.append(self.step(session_id, hidden, position, hypo_ids))
+                except SwarmError as error:
+                    queued.append(error)
+        return queued
+
     def close(self, session_id: str) -> None:
         """End a session and give its pages back; its pending step, if any, fails. Unknown ids are ignored."""
         with self._cond:

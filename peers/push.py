@@ -1,5 +1,6 @@
 """Server-to-server push: the per-session inbox that merges the client's steps with steps pushed by the previous
-peer, and the sender that pushes this peer's output to the next one. Used by peers/service.py."""
+peer, and the sender that pushes this peer's output to the next one (one step per Push, or a wave's steps per
+PushBatch). Used by peers/service.py and peers/session_streams.py."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class PushFence:
     def rotate(self, token: bytes) -> None:
         self.token, self.epoch = token, self.epoch + 1
 
-    def check(self, token: bytes, step: pb.InferenceStep) -> None:
+    def check(self, token: bytes, step: pb.InferenceStep | pb.BatchedStep) -> None:
         """Raises PermissionDenied unless a push of `step` with `token` may enter the session now."""
         if not self.token or not hmac.compare_digest(token, self.token):
             raise PermissionDenied("push_token is not this session's: only the hop its client named may push")
@@ -78,7 +79,7 @@ class PushFence:
             raise PermissionDenied("a pushed step may not carry hypo_ids: only the client reorders its cache")
         self.check_position(step)
 
-    def check_position(self, step: pb.InferenceStep) -> None:
+    def check_position(self, step: pb.InferenceStep | pb.BatchedStep) -> None:
         if step.position != self.length:
             raise PermissionDenied(
                 f"a pushed step appends at the session's length {self.length}, not at position {step.position}"
@@ -279,6 +280,51 @@ class Pusher:
         except TimeoutError:
             return True
 
+    async def send_batch(self, address: str, ran: list[pb.BatchedStep], output: pb.Tensor) -> list[bool]:
+        """Push `output`, the rows of the steps `ran` (each with push_to[0] at `address`), to that peer as ONE
+        PushBatch; whether each step was delivered. The rules of `send` hold, with one in-flight count per batch:
+        all False when the target is not allowed, busy or the batch too big for one message; the target's own
+        answer per step when the answer waits for it; all True when it does not (or the wait runs out)."""
+        steps = [
+            pb.BatchedStep(
+                session_id=step.push_to[0].session_id,
+                step_id=step.step_id,
+                position=step.position,
+                batch=step.batch,
+                new_tokens=step.new_tokens,
+                push_to=step.push_to[1:],
+                push_token=step.push_to[0].push_token,
+            )
+            for step in ran
+        ]
+        version = pb.PROTOCOL_VERSION_CURRENT
+        request = pb.PushBatchRequest(protocol_version=version, steps=pb.StepBatch(steps=steps, hidden_states=output))
+        if request.ByteSize() > self.max_message_bytes - 4096:
+            return [False] * len(ran)
+        if not self.targets.allows(address) or not self._start(address):
+            return [False] * len(ran)
+        wait_s = self.deadlines.answer_wait_s(address)
+        pushing = asyncio.get_running_loop().run_in_executor(self._threads, self._counted_batch, address, request)
+        if wait_s == 0.0:
+            return [True] * len(ran)
+        try:
+            return await asyncio.wait_for(asyncio.shield(pushing), wait_s)
+        except TimeoutError:
+            return [True] * len(ran)
+
+    def _counted_batch(self, address: str, request: pb.PushBatchRequest) -> list[bool]:
+        count = len(request.steps.steps)
+        started = time.monotonic()
+        try:
+            response = self._stubs(address).PushBatch(request, timeout=self.deadlines.deadline_s(address))
+            self.deadlines.record(address, time.monotonic() - started)
+            return list(response.accepted) if len(response.accepted) == count else [False] * count
+        except grpc.RpcError as error:
+            logger.info("push of %d steps to %s failed: %s", count, address, error.code())
+            return [False] * count
+        finally:
+            self._finished(address)
+
     def _start(self, address: str) -> bool:
         """Count a push to `address` as under way; False when PUSH_IN_FLIGHT_PER_TARGET already are."""
         with self._lock:
@@ -301,10 +347,13 @@ class Pusher:
         try:
             return self._push(target, request)
         finally:
-            with self._lock:
-                self._in_flight[target.address] -= 1
-                if not self._in_flight[target.address]:
-                    del self._in_flight[target.address]
+            self._finished(target.address)
+
+    def _finished(self, address: str) -> None:
+        with self._lock:
+            self._in_flight[address] -= 1
+            if not self._in_flight[address]:
+                del self._in_flight[address]
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)

@@ -21,9 +21,11 @@ from peers.limits import Admission, client_key
 from peers.metrics import PeerMetrics
 from peers.rpc_handlers import Unparsable, parsed
 from swarm._proto import swarm_pb2 as pb
-from swarm.errors import InvalidRequest, LimitExceeded, status_for
+from swarm.errors import DeadlineExceeded, InvalidRequest, LimitExceeded, status_for
 
 logger = logging.getLogger(__name__)
+
+OPENED_STREAMS = ("Inference", "Sessions")  # streams that count for nothing until their first `open`
 
 
 class _Identified(Protocol):
@@ -77,7 +79,7 @@ class _Table:
 
     def succeeded(self, service: Served, started: float) -> None:
         service.metrics.requests.labels(rpc=self.rpc, status="OK").inc()
-        if self.rpc != "Inference":  # steps are timed one by one in the service's _serve_steps
+        if self.rpc not in OPENED_STREAMS:  # their steps are timed one by one
             service.metrics.latency.labels(rpc=self.rpc).observe(time.perf_counter() - started)
 
     def went_away(self, service: Served) -> None:
@@ -89,7 +91,7 @@ def _async_streaming(method: Callable, table: _Table) -> Callable:
     async def handler(self: Served, requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         started = time.perf_counter()
         try:
-            if table.rpc != "Inference":  # an Inference stream counts once its `open` arrives (peers/service.py)
+            if table.rpc not in OPENED_STREAMS:  # counted once their `open` arrives (peers/session_streams.py)
                 self.admission.request(client_key(context))
             async for response in method(self, parsed(requests), context):
                 yield response
@@ -137,3 +139,15 @@ def check_version(version: int) -> None:
         raise InvalidRequest(
             f"protocol_version {version} is not supported; this peer speaks {pb.PROTOCOL_VERSION_CURRENT}"
         )
+
+
+async def first_open(requests: AsyncIterator[Any], timeout_s: float, stream: str) -> Any:
+    """The stream's first message, an `open`, waited for at most `timeout_s`: a stream that never opens holds
+    nothing for long."""
+    try:
+        opening = await asyncio.wait_for(anext(requests, None), timeout_s)
+    except TimeoutError as error:
+        raise DeadlineExceeded(f"no `open` message within open_timeout_s={timeout_s:g} s") from error
+    if opening is None or opening.WhichOneof("kind") != "open":
+        raise InvalidRequest(f"{stream} must start with an `open` message")
+    return opening

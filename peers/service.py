@@ -12,25 +12,26 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import torch
 
 from peers.adapter_service import AdapterRpcs, adapter_grads, adapter_stores
+from peers.chunked_streams import collect, collect_optional, read_stream
 from peers.engine import Engine
 from peers.limits import Admission, LimitsConfig, RecentIds, SessionBudget, StreamBudget, client_key
 from peers.metrics import PeerMetrics
 from peers.push import Inbox, Inboxes, Pusher
-from peers.rpc_status import answers_errors, check_version
+from peers.push_batch import StreamDirectory
+from peers.rpc_status import answers_errors, check_version, first_open
 from peers.scheduler import TaskKind
+from peers.session_streams import RECENT_STEPS, SessionStream
 from peers.task_runner import BackwardJob, ForwardJob, TaskRunner
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.codec import CODECS, CodecId, decode, encode, get_codec, join, split
 from swarm.codec.base import TORCH_TO_WIRE_DTYPE
 from swarm.errors import (
-    DeadlineExceeded,
     InvalidRequest,
     Overloaded,
     PeerUnavailable,
@@ -45,7 +46,6 @@ STATE_NAMES = {
     pb.PEER_STATE_DRAINING: "DRAINING",
     pb.PEER_STATE_OFFLINE: "OFFLINE",
 }
-RECENT_STEPS = 64  # finished step ids a session remembers (a window, not one entry per step forever)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +75,8 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         self.pusher = Pusher(config.max_message_bytes, config.credentials)
         # LoRA uploads, by uploader: fine-tuning copies and members' served adapters share one byte budget
         self.adapters, self.served = adapter_stores(config.limits)  # uploads; named adapters for sessions
-        engine.on_lost = self.inboxes.fail  # preempted or idle: the stream ends with that error (thread-safe)
+        self.streams = StreamDirectory()  # `Sessions` sessions by id, for PushBatch
+        engine.on_lost = self._lost  # preempted or idle: the session ends with that error (thread-safe)
 
     # ---- stateless compute ----
 
@@ -90,12 +91,12 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     async def ForwardStream(
         self, requests: AsyncIterator[pb.ForwardRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ForwardResponse]:
-        parts = await _read_stream(requests, StreamBudget(self.config.stream_bytes, "ForwardStream"))
-        first, tensor = _collect(parts, "hidden_states")
-        prompts = _collect_optional(parts, "prompts")
+        parts = await read_stream(requests, StreamBudget(self.config.stream_bytes, "ForwardStream"))
+        first, tensor = collect(parts, "hidden_states")
+        prompts = collect_optional(parts, "prompts")
         # Decoding and encoding up to stream_bytes of tensors run on a thread: the loop keeps serving sessions.
         future, choice = await asyncio.to_thread(self._submit_forward, first, tensor, self._owner(context), prompts)
-        output = await asyncio.to_thread(self._encode, await asyncio.wrap_future(future), choice)
+        output = await asyncio.to_thread(self.encode_output, await asyncio.wrap_future(future), choice)
         for chunk in split(output, self.config.max_message_bytes):
             yield pb.ForwardResponse(hidden_states=chunk, request_id=first.request_id)
 
@@ -117,14 +118,14 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         self, requests: AsyncIterator[pb.BackwardRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.BackwardResponse]:
         budget = StreamBudget(2 * self.config.stream_bytes, "BackwardStream (two tensors)")
-        parts = await _read_stream(requests, budget)
-        first, hidden = _collect(parts, "hidden_states")
-        _, grad_outputs = _collect(parts, "grad_outputs")
-        prompts = _collect_optional(parts, "prompts")
+        parts = await read_stream(requests, budget)
+        first, hidden = collect(parts, "hidden_states")
+        _, grad_outputs = collect(parts, "grad_outputs")
+        prompts = collect_optional(parts, "prompts")
         owner = self._owner(context)
         future, choice = await asyncio.to_thread(self._submit_backward, first, hidden, grad_outputs, owner, prompts)
         result = await asyncio.wrap_future(future)
-        grads = await asyncio.to_thread(self._encode, result.grad_inputs, choice)
+        grads = await asyncio.to_thread(self.encode_output, result.grad_inputs, choice)
         for chunk in split(grads, self.config.max_message_bytes):
             yield pb.BackwardResponse(grad_inputs=chunk, request_id=first.request_id)
         for message in adapter_grads(result.adapter_grads):
@@ -176,11 +177,11 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     async def Inference(
         self, requests: AsyncIterator[pb.InferenceRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.InferenceResponse]:
-        opening = await _first_message(requests, self.config.open_timeout_s)
+        opening = await first_open(requests, self.config.open_timeout_s, "an inference stream")
         client = client_key(context)
         self.admission.request(client)  # counted once its `open` arrives (the wrapper leaves Inference alone)
         with self.admission.session(client) as budget:
-            session_id, choice = self._open_session(opening.open)
+            session_id, choice = self.open_session(opening.open)
             inbox = Inbox(requests, opening.open.push_token)
             self.inboxes.add(session_id, inbox)
             try:
@@ -202,7 +203,30 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         await self.inboxes.deliver(request.session_id, request.step, request.push_token)
         return pb.PushResponse()
 
-    def _open_session(self, opening: pb.InferenceOpen) -> tuple[str, pb.CodecChoice]:
+    @answers_errors
+    async def Sessions(
+        self, requests: AsyncIterator[pb.SessionsRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SessionsResponse]:
+        async for response in SessionStream(self, client_key(context)).serve(requests):
+            yield response
+
+    @answers_errors
+    async def PushBatch(self, request: pb.PushBatchRequest, context: grpc.aio.ServicerContext) -> pb.PushBatchResponse:
+        check_version(request.protocol_version)
+        accepted = await self.streams.deliver(request.steps, self.decode_batch, self.backend.check)
+        return pb.PushBatchResponse(accepted=accepted)
+
+    def remember(self, session_id: str, stream: SessionStream) -> None:
+        self.streams.add(session_id, stream)
+
+    def forget(self, session_id: str, stream: SessionStream) -> None:
+        self.streams.remove(session_id, stream)
+
+    def _lost(self, session_id: str, error: SwarmError) -> None:
+        self.inboxes.fail(session_id, error)
+        self.streams.fail(session_id, error)
+
+    def open_session(self, opening: pb.InferenceOpen) -> tuple[str, pb.CodecChoice]:
         check_version(opening.protocol_version)
         if self.state != pb.PEER_STATE_ONLINE:
             raise PeerUnavailable(f"peer is {STATE_NAMES.get(self.state, self.state)} and opens no new sessions")
@@ -244,7 +268,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
             started = time.perf_counter()
             hypo_ids = list(step.hypo_ids) or None
             output = await asyncio.wrap_future(self.engine.step(session_id, hidden, int(step.position), hypo_ids))
-            encoded = self._encode(output, choice)
+            encoded = self.encode_output(output, choice)
             self.metrics.latency.labels(rpc="Inference").observe(time.perf_counter() - started)
             done.add((step.step_id, step.position))
             length = inbox.fence.length = step.position + hidden.shape[1]  # before the answer: pushes append here
@@ -300,6 +324,14 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         self.backend.check(tensor, field)
         return tensor
 
+    def decode_batch(self, msg: pb.Tensor) -> torch.Tensor:
+        """A batch's tensor [rows, hidden], decoded once and counted once; its steps are checked one by one."""
+        if not msg.ByteSize():
+            raise InvalidRequest("the batch's hidden_states is missing")
+        tensor = decode(msg, device=self.backend.span.device)
+        self.metrics.tensor("in", tensor.numel() * tensor.element_size(), msg.ByteSize())
+        return tensor
+
     def _response_codec(self, choice: pb.CodecChoice, request_tensor: pb.Tensor | None) -> pb.CodecChoice:
         """The codec the caller asked for; unset means the codec its own tensor came in (or NONE)."""
         if choice.codec == pb.CODEC_UNSPECIFIED:
@@ -312,7 +344,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
             )
         return choice
 
-    def _encode(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor:
+    def encode_output(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor:
         if self.config.output_noise_std:  # fault injection (ServiceConfig.output_noise_std): tests only
             rms = tensor.float().pow(2).mean().sqrt()
             tensor = tensor + (torch.randn_like(tensor.float()) * rms * self.config.output_noise_std).to(tensor.dtype)
@@ -324,24 +356,13 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         return msg
 
     def _encode_one(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor:
-        msg = self._encode(tensor, choice)
+        msg = self.encode_output(tensor, choice)
         if msg.ByteSize() > self.config.max_message_bytes:
             raise InvalidRequest(
                 f"the response ({msg.ByteSize()} bytes) exceeds max_message_bytes={self.config.max_message_bytes}; "
                 "use the streaming RPC"
             )
         return msg
-
-
-async def _first_message(requests: AsyncIterator[pb.InferenceRequest], timeout_s: float) -> pb.InferenceRequest:
-    """The stream's `open`, waited for at most `timeout_s`: a stream that never opens holds nothing for long."""
-    try:
-        opening = await asyncio.wait_for(anext(requests, None), timeout_s)
-    except TimeoutError as error:
-        raise DeadlineExceeded(f"no `open` message within open_timeout_s={timeout_s:g} s") from error
-    if opening is None or opening.WhichOneof("kind") != "open":
-        raise InvalidRequest("an inference stream must start with an `open` message")
-    return opening
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,47 +375,3 @@ class _Steps:
     def admit(self, admission: Admission, tokens: int) -> None:
         admission.request(self.client)
         self.budget.spend(tokens)
-
-
-async def _read_stream(requests: AsyncIterator[Any], budget: StreamBudget) -> list[Any]:
-    """Every message of a client stream, refusing (LimitExceeded) once they hold more than the budget."""
-    parts = []
-    async for request in requests:
-        budget.take(request.ByteSize())
-        parts.append(request)
-    return parts
-
-
-TENSOR_FIELDS = ("hidden_states", "grad_outputs", "prompts")  # what a Forward/BackwardStream's chunks split between
-
-
-def _collect(parts: list[Any], field: str) -> tuple[Any, pb.Tensor]:
-    """The first request of a chunked stream and the tensor `field` joined from all of them. Every chunk repeats
-    the request's other fields (position, blocks, codec choice...); a chunk that disagrees with the first is refused
-    rather than silently overruled by it."""
-    if not parts:
-        raise InvalidRequest("the stream carried no request")
-    _check_chunks_agree(parts)
-    # A stream's two tensors may need different numbers of chunks: messages past one's end leave it unset.
-    chunks = [getattr(p, field) for p in parts if p.HasField(field)]
-    if not chunks:
-        raise InvalidRequest(f"{field} is missing")
-    return parts[0], join(chunks)
-
-
-def _collect_optional(parts: list[Any], field: str) -> pb.Tensor | None:
-    """The tensor `field` joined from the chunks that carry it; None when none does."""
-    chunks = [getattr(p, field) for p in parts if p.HasField(field)]
-    return join(chunks) if chunks else None
-
-
-def _check_chunks_agree(parts: list[Any]) -> None:
-    first = parts[0]
-    headers = [f for f in first.DESCRIPTOR.fields if f.name not in TENSOR_FIELDS]
-    for index, part in enumerate(parts[1:], start=1):
-        for header in headers:
-            mine, theirs = getattr(part, header.name), getattr(first, header.name)
-            if mine != theirs:
-                raise InvalidRequest(
-                    f"chunk {index} of the stream has {header.name} {mine!r} where chunk 0 has {theirs!r}"
-                )
