@@ -49,10 +49,12 @@ class SpanSession:
         compress_min_bytes: int = 0,
         stubs: PeerStubs | None = None,
         adapter: str = "",
+        batched: bool = True,
     ) -> None:
         """With `stubs` the session shares their Sessions stream to the peer (left open at close); without, it
         gets a stream, on a channel, of its own. `adapter`: the served LoRA adapter the peer applies to this
-        session's rows ("" for none)."""
+        session's rows ("" for none). `batched=False`: on an Inference stream of its own, as clients before the
+        Sessions stream talked to peers (what older clients still send)."""
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
         self.compress_min_bytes = compress_min_bytes
         self.session_id = uuid.uuid4().hex
@@ -63,7 +65,9 @@ class SpanSession:
         if stubs is None:
             self._channel = credentials.channel(hop.address, [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
         self._stub = pb_grpc.PeerStub(self._channel) if stubs is None else stubs(hop.address)
-        link = stubs.link(hop.address) if stubs is not None else PeerLink(self._stub, hop.address)
+        link = None
+        if batched:
+            link = stubs.link(hop.address) if stubs is not None else PeerLink(self._stub, hop.address)
         self._private_link = link if stubs is None else None
         # Steps sent before the first answer: sent again should the peer turn out not to serve Sessions.
         self._unconfirmed: list[tuple] | None = None
