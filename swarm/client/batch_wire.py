@@ -89,7 +89,12 @@ def batch_messages(group: Sequence[OutgoingStep], max_bytes: int) -> Iterator[pb
     rows = [step.hidden.reshape(-1, width) for step in group]
     tensor = encode(rows[0] if len(rows) == 1 else torch.cat(rows), group[0].codec)
     head = pb.StepBatch(steps=[step.batched() for step in group])
-    for index, chunk in enumerate(split(tensor, max(max_bytes - head.ByteSize(), 2 * HEADER_ALLOWANCE))):
+    room = max_bytes - head.ByteSize()
+    if tensor.ByteSize() + HEADER_ALLOWANCE <= room:  # the common case, without split's copies
+        head.hidden_states.CopyFrom(tensor)
+        yield pb.SessionsRequest(steps=head)
+        return
+    for index, chunk in enumerate(split(tensor, max(room, 2 * HEADER_ALLOWANCE))):
         batch = head if index == 0 else pb.StepBatch()
         batch.hidden_states.CopyFrom(chunk)
         yield pb.SessionsRequest(steps=batch)
@@ -149,6 +154,8 @@ def answer_rows(results: Sequence[pb.StepResult], tensor: torch.Tensor, address:
     counts = [result.batch * result.new_tokens for result in results]
     if tensor.dim() < 2 or tensor.shape[0] * _inner_rows(tensor) != sum(counts):
         raise InvalidOutput("shape", f"{address} answered rows {list(tensor.shape)} for {sum(counts)} rows")
+    if len(results) == 1:  # a lone session's answer: one view, no slicing
+        return [tensor.reshape(results[0].batch, results[0].new_tokens, tensor.shape[-1])]
     rows = tensor.reshape(-1, tensor.shape[-1])
     outputs, offset = [], 0
     for result, count in zip(results, counts, strict=True):
