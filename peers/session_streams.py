@@ -26,7 +26,7 @@ from peers.rpc_status import first_open
 from peers.step_batches import BatchAssembler, answer_messages, session_error, step_views, wire_codec
 from peers.task_runner import TaskRunner
 from swarm._proto import swarm_pb2 as pb
-from swarm.errors import InvalidRequest, PermissionDenied, SessionNotFound, SwarmError
+from swarm.errors import InvalidRequest, LimitExceeded, PermissionDenied, SessionNotFound, SwarmError
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class SessionStream:
             _, choice = self.host.open_session(opening)
         except Exception as error:
             slot.close()
-            self._out.put_nowait(session_error(session_id, 0, error))
+            self._error(session_id, 0, error)
             return
         self.sessions[session_id] = StreamSession(session_id, choice, PushFence(opening.push_token), budget, slot)
         self.host.remember(session_id, self)
@@ -177,7 +177,7 @@ class SessionStream:
     def _fence(self, fence: pb.SessionFence) -> None:
         session = self.sessions.get(fence.session_id)
         if session is None:
-            self._out.put_nowait(session_error(fence.session_id, 0, _not_ours(fence.session_id)))
+            self._error(fence.session_id, 0, _not_ours(fence.session_id))
             return
         session.fence.rotate(fence.push_token)  # on arrival, not queued: a push checked after it needs the new token
 
@@ -360,9 +360,14 @@ class SessionStream:
 
     # ---- ending sessions ----
 
+    def _error(self, session_id: str, step_id: int, error: BaseException) -> None:
+        if isinstance(error, LimitExceeded):  # counted as the Inference stream's refusals are (rpc_status.py)
+            self.host.metrics.limit_refusals.labels(limit=error.limit).inc()
+        self._out.put_nowait(session_error(session_id, step_id, error))
+
     def _fail(self, session: StreamSession, step_id: int, error: BaseException) -> None:
         if not session.closed:
-            self._out.put_nowait(session_error(session.session_id, step_id, error))
+            self._error(session.session_id, step_id, error)
             self._drop(session)
 
     def _fail_named(self, step: pb.BatchedStep, error: BaseException) -> None:
@@ -371,7 +376,7 @@ class SessionStream:
         if session is not None:
             self._fail(session, step.step_id, error)
         else:
-            self._out.put_nowait(session_error(step.session_id, step.step_id, error))
+            self._error(step.session_id, step.step_id, error)
 
     def _drop(self, session: StreamSession) -> None:
         """Close the session on the peer: engine, slot, PushBatch's directory. Its running step fails."""

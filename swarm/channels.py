@@ -1,7 +1,10 @@
 """One gRPC channel per peer address, shared by every call a component makes: the client's RTT pings and its
 inference sessions (so a generation finds its connections open: no TCP, HTTP/2 or TLS handshake, no slow start on
 the prompt), its forward/backward calls, and a peer's pushes to the next peer. Channels come from the swarm's
-credentials: TLS and signed calls in a private swarm, plaintext in an open one (swarm/security/credentials.py)."""
+credentials: TLS and signed calls in a private swarm, plaintext in an open one (swarm/security/credentials.py).
+
+On each peer's channel, one batched Sessions stream (`link`, swarm/client/peer_link.py) carries every inference
+session the component holds there."""
 
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ class PeerStubs:
         ]
         # address -> (stub, its channel), least recently used first
         self._entries: OrderedDict[str, tuple[Any, grpc.Channel]] = OrderedDict()
+        self._links: dict[str, Any] = {}  # address -> its PeerLink while usable
+        self._legacy: set[str] = set()  # addresses whose peer does not serve Sessions (an older peer)
         self._lock = threading.Lock()
 
     def __call__(self, address: str) -> Any:
@@ -50,8 +55,37 @@ class PeerStubs:
             self._entries[address] = (self.stub_type(channel), channel)
             if self.max_channels is not None and len(self._entries) > self.max_channels:
                 # Dropped like `forget`, not closed: a call of another thread may still run on it.
-                self._entries.popitem(last=False)
+                evicted, _ = self._entries.popitem(last=False)
+                self._drop_link(evicted)
             return self._entries[address][0]
+
+    def link(self, address: str) -> Any:
+        """The PeerLink (one Sessions stream) every session to `address` shares, opened on first use and again
+        after it broke; None when that peer does not serve Sessions (its sessions use Inference streams)."""
+        # Imported here: swarm.client imports this module, and a link is needed only once a session opens.
+        from swarm.client.peer_link import PeerLink
+
+        stub = self(address)
+        with self._lock:
+            if address in self._legacy:
+                return None
+            link = self._links.get(address)
+            if link is None or not link.usable:
+                link = self._links[address] = PeerLink(stub, address, on_broken=self._broken)
+            return link
+
+    def _broken(self, link: Any) -> None:
+        with self._lock:
+            if self._links.get(link.address) is link:
+                del self._links[link.address]
+            if link.unsupported:
+                self._legacy.add(link.address)
+
+    def _drop_link(self, address: str) -> None:
+        """Under the lock: the link to `address` takes no new sessions; those on it go on until they close."""
+        link = self._links.pop(address, None)
+        if link is not None:
+            link.retire()
 
     def __len__(self) -> int:
         with self._lock:
@@ -62,9 +96,14 @@ class PeerStubs:
         one is not closed, since calls of others may still run on it; it closes once they drop it."""
         with self._lock:
             self._entries.pop(address, None)
+            self._drop_link(address)
+            self._legacy.discard(address)  # a peer restarted there may be a newer one
 
     def close(self) -> None:
         with self._lock:
+            links, self._links = list(self._links.values()), {}
             for _, channel in self._entries.values():
                 channel.close()
             self._entries.clear()
+        for link in links:
+            link.close()

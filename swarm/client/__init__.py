@@ -4,7 +4,10 @@ model.py: DistributedModelForCausalLM (Hugging Face-style); generate.py: the dec
 drafters.py: speculative drafters (prompt lookup, a local draft model); speculative.py: which drafts a verification
 step keeps and how many to draft; chat.py: chat messages
 to a prompt; sequential.py: RemoteSequential (forward/backward through the swarm, in autograd); span_session.py:
-SpanSession (one inference stream to one peer, and how long its answers are awaited); session.py: InferenceSession
+SpanSession (one session on one peer, and how long its answers are awaited); peer_link.py: PeerLink (the one
+batched Sessions stream a process shares per peer); batch_wire.py: steps merged into StepBatch messages and
+answers cut back per session; inference_stream.py: a session on its own Inference stream (older peers);
+session.py: InferenceSession
 (a route across the model with failover and replay); pace.py: when a hop is late; view.py: SwarmView (the
 registry's peers, refreshed in the background, and measured RTTs); metrics.py: ClientMetrics (failovers, retries,
 step latency, refused outputs for Prometheus); checks.py: what every answer of a peer must be; verify.py: Verifier

@@ -22,10 +22,19 @@ def checked_output(msg: pb.Tensor, like: torch.Tensor, address: str) -> torch.Te
     Raises:
         InvalidOutput: naming the check that failed and the peer's address.
     """
+    return checked_tensor(decoded_output(msg, address), like, address)
+
+
+def decoded_output(msg: pb.Tensor, address: str) -> torch.Tensor:
+    """A peer's answer decoded; InvalidOutput("decode") for garbage."""
     try:
-        output = decode(msg)
+        return decode(msg)
     except InvalidRequest as error:  # MalformedTensorError, UnknownCodecError: the peer sent garbage
         raise InvalidOutput("decode", f"{address} answered with an undecodable tensor: {error}") from error
+
+
+def checked_tensor(output: torch.Tensor, like: torch.Tensor, address: str) -> torch.Tensor:
+    """`checked_output` for an answer already decoded (a batched answer is decoded once for all its sessions)."""
     if output.shape != like.shape:
         raise InvalidOutput("shape", f"{address} answered {list(output.shape)} to an input of {list(like.shape)}")
     if output.dtype not in FLOATING_DTYPES:

@@ -1,5 +1,5 @@
-"""Inference sessions over the swarm: one bidirectional gRPC stream per hop (span_session.py), each holding that
-span's KV cache.
+"""Inference sessions over the swarm: one SpanSession per hop (span_session.py, on the Sessions stream the process
+shares with that peer), each holding that span's KV cache.
 
 An InferenceSession keeps, per hop, every input it sent. When a peer dies, drains, hangs past the step deadline
 or answers with an error, only that hop's span is rerouted: the replacement peers get the inputs replayed so

@@ -1,14 +1,16 @@
-"""One inference stream to one peer: a span's KV cache on that peer, steps sent and answers received, and how long
-an answer is waited for (late after the hop's pace; longer for a peer that still answers a health probe).
+"""One session on one peer: a span's KV cache on that peer, steps sent and answers received, and how long an
+answer is waited for (late after the hop's pace; longer for a peer that still answers a health probe).
 
-session.py's InferenceSession strings these along a route and fails them over.
+The session travels on the Sessions stream its process shares with that peer (peer_link.py: `PeerStubs.link`),
+batched with the process's other sessions there; a peer that does not serve that stream (an older one) gets the
+session on an `Inference` stream of its own (inference_stream.py). session.py's InferenceSession strings these
+along a route and fails them over.
 """
 
 from __future__ import annotations
 
 import queue
 import secrets
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -19,18 +21,17 @@ import torch
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc
 from swarm.channels import PeerStubs
-from swarm.client.checks import checked_output
-from swarm.codec import CodecId, encode, join, split
-from swarm.errors import DeadlineExceeded, InvalidOutput, InvalidRequest, PeerUnavailable, error_for
+from swarm.client.checks import checked_tensor
+from swarm.client.inference_stream import InferenceStream
+from swarm.client.peer_link import LinkSession, PeerLink, SessionsUnsupported
+from swarm.codec import CodecId
+from swarm.errors import DeadlineExceeded
 from swarm.security import SwarmCredentials
 from swarm.types import Hop
 
-MAX_MESSAGE_BYTES = 4 << 20  # what the client sends in one message; bigger tensors go in chunks
 MAX_RECEIVE_BYTES = 64 << 20  # accept whatever a peer configured above the default sends
-MIN_CHUNK_BYTES = 1024  # a peer chunks answers at its message limit, never this small
 PROBE_TIMEOUT_S = 0.4  # a late peer that answers a health probe this fast is busy, not frozen
 PUSH_TOKEN_BYTES = 16  # a session's push token: 128 random bits, not guessable within any session's life
-_CLOSED = object()
 
 
 class SpanSession:
@@ -48,35 +49,56 @@ class SpanSession:
         compress_min_bytes: int = 0,
         stubs: PeerStubs | None = None,
         adapter: str = "",
+        batched: bool = True,
     ) -> None:
-        """With `stubs` the stream runs on their shared channel to the peer (left open at close); without, on a
-        channel of its own. `adapter`: the served LoRA adapter the peer applies to this session ("" for none)."""
+        """With `stubs` the session shares their Sessions stream to the peer (left open at close); without, it
+        gets a stream, on a channel, of its own. `adapter`: the served LoRA adapter the peer applies to this
+        session's rows ("" for none). `batched=False`: on an Inference stream of its own, as clients before the
+        Sessions stream talked to peers (what older clients still send)."""
         self.hop, self.codec, self.step_timeout_s = hop, codec, step_timeout_s
         self.compress_min_bytes = compress_min_bytes
         self.session_id = uuid.uuid4().hex
         # Handed to the previous hop alone (in `target`); a new one per epoch (`fence`). Issue 35.
         self.push_token = secrets.token_bytes(PUSH_TOKEN_BYTES)
-        self.fenced = False  # the peer said it checks push tokens (InferenceResponse.fenced): it takes `fence`
+        self._shape = (batch_size, max_length, adapter)
         self._channel: grpc.Channel | None = None
         if stubs is None:
             self._channel = credentials.channel(hop.address, [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
         self._stub = pb_grpc.PeerStub(self._channel) if stubs is None else stubs(hop.address)
-        self._requests: queue.Queue[pb.InferenceRequest | None] = queue.Queue()
-        self._responses: queue.Queue[object] = queue.Queue()
-        opening = pb.InferenceOpen(
+        link = None
+        if batched:
+            link = stubs.link(hop.address) if stubs is not None else PeerLink(self._stub, hop.address)
+        self._private_link = link if stubs is None else None
+        # Steps sent before the first answer: sent again should the peer turn out not to serve Sessions.
+        self._unconfirmed: list[tuple] | None = None
+        self._transport: LinkSession | InferenceStream
+        if link is None:
+            self._transport = self._inference_stream()
+        else:
+            self._transport = link.open(self._opening(), codec, compress_min_bytes)
+            self._unconfirmed = []
+
+    def _opening(self) -> pb.InferenceOpen:
+        batch_size, max_length, adapter = self._shape
+        return pb.InferenceOpen(
             protocol_version=pb.PROTOCOL_VERSION_CURRENT,
             session_id=self.session_id,
-            start_block=hop.span.start,
-            end_block=hop.span.end,
+            start_block=self.hop.span.start,
+            end_block=self.hop.span.end,
             batch_size=batch_size,
             max_length=max_length,
-            response_codec=pb.CodecChoice(codec=int(codec), compress_min_bytes=compress_min_bytes),
+            response_codec=pb.CodecChoice(codec=int(self.codec), compress_min_bytes=self.compress_min_bytes),
             adapter=adapter,
             push_token=self.push_token,
         )
-        self._requests.put(pb.InferenceRequest(open=opening))
-        self._call = self._stub.Inference(iter(self._requests.get, None))
-        threading.Thread(target=self._read, name=f"session-{hop.address}", daemon=True).start()
+
+    def _inference_stream(self) -> InferenceStream:
+        return InferenceStream(self._stub, self.hop.address, self._opening(), self.codec, self.compress_min_bytes)
+
+    @property
+    def fenced(self) -> bool:
+        """The peer checks push tokens and takes `fence` (a peer serving Sessions does; an older one may not)."""
+        return self._transport.fenced
 
     @property
     def target(self) -> pb.PushTarget:
@@ -90,15 +112,7 @@ class SpanSession:
         if not self.fenced:
             return
         self.push_token = secrets.token_bytes(PUSH_TOKEN_BYTES)
-        self._requests.put(pb.InferenceRequest(fence=pb.InferenceFence(push_token=self.push_token)))
-
-    def _read(self) -> None:
-        try:
-            for response in self._call:
-                self._responses.put(response)
-        except grpc.RpcError as error:
-            self._responses.put(error)
-        self._responses.put(_CLOSED)
+        self._transport.fence(self.push_token)
 
     def send(
         self,
@@ -110,11 +124,9 @@ class SpanSession:
     ) -> None:
         """Send new tokens' hidden states [batch, new_tokens, hidden] at `position` as step `step_id`; with
         `hypo_ids` (beam search), row i first continues from row hypo_ids[i]'s cache."""
-        for chunk in split(encode(hidden, self.codec, compress_min_bytes=self.compress_min_bytes), MAX_MESSAGE_BYTES):
-            step = pb.InferenceStep(
-                step_id=step_id, position=position, hidden_states=chunk, push_to=push_to, hypo_ids=hypo_ids
-            )
-            self._requests.put(pb.InferenceRequest(step=step))
+        if self._unconfirmed is not None:
+            self._unconfirmed.append((hidden, position, step_id, tuple(push_to), tuple(hypo_ids)))
+        self._transport.send(hidden, position, step_id, push_to, hypo_ids)
 
     def receive(
         self,
@@ -133,26 +145,17 @@ class SpanSession:
         nothing more).
 
         Raises:
-            DeadlineExceeded: no answer in time; the stream is cancelled.
+            DeadlineExceeded: no answer in time; the session is closed.
             InvalidOutput: the answer is not hidden states of the input's shape (swarm/client/checks.py).
             SwarmError subclasses mapped from the peer's gRPC status (swarm/errors.py).
         """
         timeout_s = self.step_timeout_s if timeout_s is None else timeout_s
         wait = _Wait(timeout_s, timeout_s if patience_s is None else patience_s, self.probe, resend)
-        first = self._next_response(wait)
-        while first.step_id != step_id:  # a late answer to a step we had already given up on
-            first = self._next_response(wait)
-        expected = max(first.hidden_states.num_chunks, 1)
-        if expected > like.numel() * 4 // MIN_CHUNK_BYTES + 1:  # float32 without compression, chunks of >= 1 KiB
-            raise InvalidOutput("decode", f"{self.hop.address} announces {expected} chunks for {list(like.shape)}")
-        chunks = [first.hidden_states]
-        while len(chunks) < expected:
-            chunks.append(self._next_response(wait).hidden_states)
-        try:
-            whole = join(chunks)
-        except InvalidRequest as error:  # chunks that do not fit together: the peer's fault, not ours
-            raise InvalidOutput("decode", f"{self.hop.address}: {error}") from error
-        return checked_output(whole, like, self.hop.address), first.pushed
+        answered, pushed, output = self._next_answer(wait, like)
+        while answered != step_id:  # a late answer to a step we had already given up on
+            answered, pushed, output = self._next_answer(wait, like)
+        self._unconfirmed = None
+        return checked_tensor(output, like, self.hop.address), pushed
 
     def step(self, hidden: torch.Tensor, position: int, step_id: int) -> torch.Tensor:
         self.send(hidden, position, step_id)
@@ -172,26 +175,38 @@ class SpanSession:
 
         return answered
 
-    def _next_response(self, wait: _Wait) -> pb.InferenceResponse:
+    def _next_answer(self, wait: _Wait, like: torch.Tensor) -> tuple[int, bool, torch.Tensor]:
+        while True:
+            item = self._next_item(wait)
+            try:
+                return self._transport.answer(item, lambda: self._next_item(wait), like)
+            except SessionsUnsupported:
+                if self._unconfirmed is None:
+                    raise
+                self._fall_back()
+
+    def _fall_back(self) -> None:
+        """The peer does not serve Sessions: open the session on an Inference stream of its own and send it again
+        what it was sent."""
+        sent, self._unconfirmed = self._unconfirmed or [], None
+        self._transport = self._inference_stream()
+        for args in sent:
+            self._transport.send(*args)
+
+    def _next_item(self, wait: _Wait) -> object:
         while True:
             try:
-                item = self._responses.get(timeout=wait.remaining_s())
-                break
+                return self._transport.answers.get(timeout=wait.remaining_s())
             except queue.Empty:
                 if wait.go_on():
                     continue
-                self._call.cancel()
+                self._transport.abandon()
                 raise DeadlineExceeded(f"{self.hop.address}: no answer within {wait.waited_s():.2f} s") from None
-        if isinstance(item, grpc.RpcError):
-            raise error_for(item.code(), f"{self.hop.address}: {item.details()}")
-        if item is _CLOSED:
-            raise PeerUnavailable(f"{self.hop.address}: the peer closed the session")
-        self.fenced = self.fenced or item.fenced  # type: ignore[attr-defined]
-        return item  # type: ignore[return-value]
 
     def close(self) -> None:
-        self._requests.put(None)
-        self._call.cancel()
+        self._transport.close()
+        if self._private_link is not None:
+            self._private_link.close()
         if self._channel is not None:
             self._channel.close()
 

@@ -196,12 +196,13 @@ def test_a_push_lost_after_the_first_peer_answered_is_sent_by_the_client(peer_se
     least 1 s), and the client sends the step itself. Here every push is lost, the first step's too."""
     pusher, pushes = peer_servers[0].service.pusher, []
 
-    def lost(target, request) -> bool:
-        pushes.append(request.step.step_id)
-        return True  # "sent", and never arrives
+    def lost(address, request) -> list[bool]:  # one PushBatch (the client's sessions travel on Sessions streams)
+        pushes.extend(step.step_id for step in request.steps.steps)
+        pusher._finished(address)
+        return [True] * len(request.steps.steps)  # "sent", and never arrives
 
     monkeypatch.setattr(pusher.deadlines, "answer_wait_s", lambda address: 0.0)  # as over a 100 ms link
-    monkeypatch.setattr(pusher, "_push", lost)
+    monkeypatch.setattr(pusher, "_counted_batch", lost)
     peers = [peer_info(s) for s in peer_servers]
     before = {source: steps_by_source(peer_servers[1], source) for source in ("push", "client")}
     tokens = torch.randn(1, 5, 576, generator=torch.Generator().manual_seed(12))

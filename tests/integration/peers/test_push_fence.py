@@ -1,11 +1,15 @@
 """Who may write into a session (issue 35, items 7 and 8): a push needs the session's current push token, appends at
 the cache length and carries no hypo_ids; a push cannot make the client's own step with the same id be skipped;
-and a late push from a peer the client failed over from changes nothing. Real peers over gRPC on 127.0.0.1."""
+and a late push from a peer the client failed over from changes nothing. Real peers over gRPC on 127.0.0.1.
+
+These are the sessions of an Inference stream each, pushed by Push (what older clients use); the Sessions stream's
+and PushBatch's are in test_session_streams.py."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +18,7 @@ import grpc
 import pytest
 import torch
 
+import swarm.client.session as session_module
 from peers.push_targets import next_hops
 from peers.server import PeerServer, ServerConfig
 from swarm._proto import swarm_pb2 as pb
@@ -48,7 +53,7 @@ def push(stub, session: SpanSession, position: int, token: bytes, step_id: int =
 
 def second_half_session(server: PeerServer) -> SpanSession:
     hop = Hop(server.service.config.peer_id, server.address, Span(15, 30))
-    return SpanSession(hop, 1, 32, CodecId.NONE, 20.0, OPEN)
+    return SpanSession(hop, 1, 32, CodecId.NONE, 20.0, OPEN, batched=False)
 
 
 def test_pushes_without_the_token_or_that_roll_back_reorder_or_redirect_change_nothing(peer_servers, stubs) -> None:
@@ -126,7 +131,7 @@ def _request(ran: pb.InferenceStep, output: pb.Tensor) -> pb.PushRequest:
     return pb.PushRequest(protocol_version=version, session_id=target.session_id, step=step, push_token=token)
 
 
-def test_a_late_push_from_a_replaced_peer_changes_nothing(replicas, peer_servers) -> None:
+def test_a_late_push_from_a_replaced_peer_changes_nothing(replicas, peer_servers, monkeypatch) -> None:
     """The first hop freezes after computing step 3; the client fails over to another peer of its span and goes
     on; then the frozen peer's push reaches the second hop. It is refused (a past epoch), and the generation
     finishes with the outputs of the local blocks. Without the fence it truncated the second hop's cache, and
@@ -137,6 +142,7 @@ def test_a_late_push_from_a_replaced_peer_changes_nothing(replicas, peer_servers
     fast = [peer_info(s) for s in replicas]
     slow = [dataclasses.replace(peer_info(s), inference_steps_per_s=0.5) for s in peer_servers]
     got, outcomes = [], []
+    monkeypatch.setattr(session_module, "SpanSession", functools.partial(SpanSession, batched=False))
     with InferenceSession(
         MinLatencyRouter(), lambda fresh=False: fast + slow, EVERYTHING, 1, 32, CodecId.NONE,
         step_timeout_s=3, credentials=OPEN,
@@ -171,7 +177,7 @@ def test_a_peer_pushes_only_to_next_peers_the_registry_lists(replicas) -> None:
     pusher = first.service.pusher
     pusher.targets.update(next_hops([peer_info(s) for s in replicas], Span(0, 15)))
     hidden = torch.randn(1, 2, 576, generator=torch.Generator().manual_seed(24))
-    session = SpanSession(Hop("fenced-0", first.address, Span(0, 15)), 1, 32, CodecId.NONE, 20.0, OPEN)
+    session = SpanSession(Hop("fenced-0", first.address, Span(0, 15)), 1, 32, CodecId.NONE, 20.0, OPEN, batched=False)
     downstream = second_half_session(second)
     try:
         stranger = pb.PushTarget(address="127.0.0.1:9", session_id=downstream.session_id, push_token=b"x")

@@ -1,0 +1,162 @@
+"""Many sessions of one process over the batched Sessions stream (issue 37): 32 concurrent greedy generations of
+different prompt lengths through SmolLM2's two halves (codec NONE), sharing one PeerStubs and so one stream per
+peer, each equal to Hugging Face `generate` for its prompt alone; and a session whose hop fails mid-generation
+fails over alone while the others finish with the same tokens."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from peers.limits import LimitsConfig
+from peers.server import PeerServer, ServerConfig
+from swarm.channels import PeerStubs
+from swarm.client import InferenceSession
+from swarm.codec import CodecId
+from swarm.partition import load_span
+from swarm.router import MinLatencyRouter
+from swarm.security import SwarmCredentials
+from swarm.types import PeerInfo, Span
+
+from .wire import peer_info
+
+OPEN = SwarmCredentials.open()
+EVERYTHING = Span(0, 30)
+NEW_TOKENS = 8
+SESSIONS = 32
+WORDS = ("river", "old clock", "market square", "lighthouse", "bakery", "train station", "garden", "library")
+STARTS = ("The", "In winter the", "Everyone in the village knows that the", "My grandmother always said the")
+PROMPTS = [f"{start} {word}" for start in STARTS for word in WORDS]  # 32 prompts, 2 to 10 tokens
+FAILING = 5  # the session routed through the replica that stops
+
+
+@pytest.fixture(scope="module")
+def hf(smollm2_path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(smollm2_path))
+
+
+@pytest.fixture(scope="module")
+def prompts_and_expected(hf) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    model, tokenizer = hf
+    pairs = []
+    with torch.inference_mode():
+        for prompt in PROMPTS:
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            pairs.append((ids, model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0, ids.shape[1] :]))
+    assert len({ids.shape[1] for ids, _ in pairs}) >= 4  # prompts of different lengths
+    return pairs
+
+
+@pytest.fixture
+def replica(smollm2_path: Path) -> Iterator[PeerServer]:
+    """A second server of blocks [15, 30), stopped by the test (stopping a stopped server does nothing)."""
+    config = ServerConfig(
+        cache_tokens=4096,
+        max_session_length=1024,
+        limits=LimitsConfig(sessions_per_client=64),
+        credentials=OPEN,
+    )
+    server = PeerServer(load_span(smollm2_path, 15, 30), config, peer_id="replica-15", model="smollm2")
+    server.start()
+    yield server
+    server.stop()
+
+
+@torch.inference_mode()
+def greedy(session: InferenceSession, model, ids: torch.Tensor, on_token: Callable[[int], None]) -> torch.Tensor:
+    """NEW_TOKENS greedy tokens: embeddings and the LM head here, the 30 blocks on the peers."""
+    hidden = session.step(model.model.embed_tokens(ids))
+    tokens = []
+    for index in range(NEW_TOKENS):
+        token = model.lm_head(model.model.norm(hidden[:, -1:])).argmax(-1)  # [1, 1]
+        tokens.append(int(token))
+        on_token(index)
+        if index + 1 < NEW_TOKENS:
+            hidden = session.step(model.model.embed_tokens(token))
+    return torch.tensor(tokens)
+
+
+def run_all(
+    model, prompts: Sequence[torch.Tensor], peers_of: Callable[[int], Callable[[bool], list[PeerInfo]]],
+    stubs: PeerStubs, on_token: Callable[[int, int], None] = lambda session, index: None,
+) -> list[tuple[torch.Tensor, int]]:  # fmt: skip
+    """Every prompt's generation in a thread of its own, all at once: (tokens, failovers) per prompt."""
+    start = threading.Barrier(len(prompts))
+
+    def one(number: int) -> tuple[torch.Tensor, int]:
+        session = InferenceSession(
+            MinLatencyRouter(), peers_of(number), EVERYTHING, 1, 64, CodecId.NONE, step_timeout_s=60,
+            credentials=OPEN, stubs=stubs,
+        )  # fmt: skip
+        with session:
+            start.wait(timeout=60)
+            tokens = greedy(session, model, prompts[number], lambda index: on_token(number, index))
+            return tokens, session.failovers
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, range(len(prompts))))
+
+
+def sequences_per_iteration(server: PeerServer) -> tuple[float, float]:
+    read = server.metrics.registry.get_sample_value
+    return read("swarm_engine_batch_sequences_sum") or 0.0, read("swarm_engine_batch_sequences_count") or 0.0
+
+
+def test_concurrent_generations_batch_and_each_equals_hugging_face_alone(
+    peer_servers, hf, prompts_and_expected
+) -> None:
+    model, _ = hf
+    peers = [peer_info(server) for server in peer_servers]
+    before = [sequences_per_iteration(server) for server in peer_servers]
+    stubs = PeerStubs(OPEN)
+    try:
+        got = run_all(model, [ids for ids, _ in prompts_and_expected], lambda n: lambda fresh=False: peers, stubs)
+        links = [stubs.link(server.address) for server in peer_servers]
+    finally:
+        stubs.close()
+    for (tokens, failovers), (_, expected), prompt in zip(got, prompts_and_expected, PROMPTS, strict=True):
+        assert failovers == 0 and torch.equal(tokens, expected), (prompt, tokens.tolist(), expected.tolist())
+    for server, (sums, counts) in zip(peer_servers, before, strict=True):
+        now_sums, now_counts = sequences_per_iteration(server)
+        mean = (now_sums - sums) / (now_counts - counts)
+        print(f"{server.address}: {mean:.2f} sequences per iteration")
+        assert mean > 1.0
+    first = links[0]  # the client sends every step to the first peer itself, on one stream
+    print(f"first peer: {first.steps_sent} steps in {first.batches_sent} StepBatch messages")
+    assert first.steps_sent >= SESSIONS * NEW_TOKENS and first.steps_sent > first.batches_sent
+
+
+def test_a_failing_hop_fails_over_its_session_alone(peer_servers, replica, hf, prompts_and_expected) -> None:
+    """Session FAILING's second hop is the replica, the others' the shared peer; the replica stops once FAILING
+    has 3 tokens. It re-routes and replays on its own; the others never notice."""
+    model, _ = hf
+    first, second = (peer_info(server) for server in peer_servers)
+    stopped = threading.Event()
+
+    def peers_of(number: int) -> Callable[[bool], list[PeerInfo]]:
+        if number != FAILING:
+            return lambda fresh=False: [first, second]
+        return lambda fresh=False: [first, peer_info(replica)] + ([second] if stopped.is_set() else [])
+
+    def on_token(number: int, index: int) -> None:
+        if number == FAILING and index == 2:
+            replica.stop()
+            stopped.set()
+
+    stubs = PeerStubs(OPEN)
+    try:
+        got = run_all(model, [ids for ids, _ in prompts_and_expected], peers_of, stubs, on_token)
+    finally:
+        stubs.close()
+    assert stopped.is_set()
+    for number, ((tokens, failovers), (_, expected)) in enumerate(zip(got, prompts_and_expected, strict=True)):
+        assert torch.equal(tokens, expected), (PROMPTS[number], tokens.tolist(), expected.tolist())
+        assert failovers == (1 if number == FAILING else 0), (number, failovers)
