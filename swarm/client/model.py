@@ -4,9 +4,8 @@ The client holds the embeddings, final norm and LM head; everything between goes
 routed over the peers the registry lists. No Ray is needed on the client. The class is a PreTrainedModel with
 transformers' GenerationMixin: generate() is Hugging Face's own, over a cache that lives on the peers
 (swarm/client/remote_cache.py), so every decoding strategy, logits processor, stopping criterion and pipeline
-works. RaySwarm's own extensions (a multi-turn `session`, a per-call `generator`, `speculative` decoding) run its
-decoding loop (swarm/client/generate.py) instead. One model object serves many threads at once: each generate()
-runs its own session unless the calling thread is inside `with model.inference_session()`.
+works. RaySwarm's own extensions (`session`, `generator`, `speculative`) run swarm/client/generate.py's loop instead.
+One model serves many threads, each generate() in its own session, their steps and LM heads batched (serving.md).
 """
 
 from __future__ import annotations
