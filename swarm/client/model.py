@@ -5,7 +5,7 @@ routed over the peers the registry lists. No Ray is needed on the client. The cl
 transformers' GenerationMixin: generate() is Hugging Face's own, over a cache that lives on the peers
 (swarm/client/remote_cache.py), so every decoding strategy, logits processor, stopping criterion and pipeline
 works. RaySwarm's own extensions (`session`, `generator`, `speculative`) run swarm/client/generate.py's loop instead.
-One model serves many threads, each generate() in its own session, their steps and LM heads batched (serving.md).
+One model serves many threads, each generate() in its own session or its `with inference_session()`, batched.
 """
 
 from __future__ import annotations
