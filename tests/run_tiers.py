@@ -2,10 +2,10 @@
 table of each tier's wall time and outcome. Every tier runs even when an earlier one failed (a broken unit test
 should not hide an integration failure); the exit status is the first failing tier's.
 
-Parallelism (pytest-xdist), as measured on the 2-core machine CI uses (docs/figures.md#the-test-suite): the
-integration and system tiers spend most of their time waiting (processes starting, peers loading, failover
-deadlines, DHT expiry), so they run more workers than cores; the unit tier is CPU-bound and short. Tests that share
-a module-scoped or expensive fixture stay on one worker (tests/tiers.py's xdist groups).
+Parallelism (pytest-xdist), as measured on the 2-core machine CI uses (docs/figures.md#the-test-suite): the unit
+tier runs on 2 workers; the integration tier on 2, the modules that start daemons, Ray clusters or peer processes
+all on one of them in turn (tests/tiers.py's PROCESS_MODULES), the in-process ones beside; the system tier (chaos,
+namespaces, churn, fuzzing: all processes and time bounds) runs alone. Four workers made the suite slower and red.
 
 Run: `python tests/run_tiers.py [--tier unit|integration|system ...] [-- extra pytest args]`.
 """
@@ -29,7 +29,7 @@ class TierRun:
     workers: int  # pytest-xdist workers; 0: in the pytest process itself
 
 
-TIER_RUNS = (TierRun("unit", 2), TierRun("integration", 4), TierRun("system", 3))
+TIER_RUNS = (TierRun("unit", 2), TierRun("integration", 2), TierRun("system", 0))
 WORKERS_VARIABLE = "SWARM_TEST_WORKERS"  # overrides every tier's workers (0: no xdist), e.g. to debug a failure
 
 

@@ -12,7 +12,7 @@ In the unit tier, starting a process or a gRPC server, or binding or connecting 
 
 `make test` runs each tier in its own pytest run, with pytest-xdist workers (tests/run_tiers.py), and prints each
 tier's wall time; `make test-unit`, `make test-integration` and `make test-system` run one. Under xdist, modules that
-share an expensive fixture form one group (SHARED_FIXTURE_GROUPS), every other module is a group of its own.
+start daemons, Ray clusters or peer processes form one group (PROCESS_MODULES), every other module is one.
 """
 
 from __future__ import annotations
@@ -80,32 +80,41 @@ class TierTally:
     seconds: float = 0.0  # setup + call + teardown of its tests
 
 
-# Modules that share an expensive fixture run on one pytest-xdist worker, so that it is built once (tests/run_tiers.py
-# runs the tiers with `--dist loadgroup`); every other module is a group of its own (its module-scoped fixtures).
-SHARED_FIXTURE_GROUPS = {
-    "integration/operate/": "operate: one `swarm up` and `swarm api` for every module (operate/conftest.py)",
-}
-# The longest-running modules (measured; docs/figures.md#the-test-suite), started first within their tier so that no
-# worker is left with one at the end.
+# Under pytest-xdist (tests/run_tiers.py runs the tiers with `--dist loadgroup`) every module is a group of its own
+# (its module-scoped fixtures are built once), except the modules that start daemons, Ray clusters or peer
+# processes: they form ONE group, so at most one of them runs at a time. Measured on 2 cores: four workers running
+# such modules side by side drove the load past 40 and failed timing-bound tests; one of them beside in-process
+# tests does not.
+PROCESS_GROUP = "processes"
+PROCESS_MODULES = (
+    "integration/operate/",  # one `swarm up` and `swarm api` for every module (operate/conftest.py)
+    "integration/cluster/test_local_multinode.py",
+    "integration/peers/test_placement_daemons.py",
+    "integration/peers/test_swarm_daemons.py",
+    "integration/peers/test_in_process_stage.py",
+    "integration/peers/test_peer_footprint.py",
+    "integration/peers/test_quantized_swarm.py",
+    "integration/peers/test_peer_rpc.py",
+    "integration/security/test_private_cli.py",
+    "integration/test_registry.py",
+    "integration/test_cli.py",
+    "integration/training/test_addresses.py",
+    "integration/training/test_ray_client.py",
+)
+# Started first within their tier, so that no worker is left with a long one at the end.
 LONGEST_FIRST = (
     "integration/training/test_training_swarm.py",
     "chaos/test_failover.py",
-    "integration/peers/test_placement_daemons.py",
-    "integration/operate/",
-    "integration/training/test_ray_client.py",
+    *PROCESS_MODULES,
     "integration/peers/test_finetune_churn.py",
     "integration/security/test_fuzz.py",
-    "integration/peers/test_swarm_daemons.py",
 )
 
 
 def xdist_group_of(path: Path) -> str:
-    """The pytest-xdist group of the test module at `path`: a shared fixture's group, or the module itself."""
+    """The pytest-xdist group of the test module at `path`: PROCESS_GROUP, or the module itself."""
     relative = path.resolve().relative_to(TESTS_ROOT).as_posix()
-    for prefix, group in SHARED_FIXTURE_GROUPS.items():
-        if relative.startswith(prefix):
-            return group.split(":", 1)[0]
-    return relative
+    return PROCESS_GROUP if relative.startswith(PROCESS_MODULES) else relative
 
 
 def _start_rank(path: Path) -> int:
