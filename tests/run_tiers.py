@@ -2,10 +2,12 @@
 table of each tier's wall time and outcome. Every tier runs even when an earlier one failed (a broken unit test
 should not hide an integration failure); the exit status is the first failing tier's.
 
-Parallelism (pytest-xdist), as measured on the 2-core machine CI uses (docs/figures.md#the-test-suite): the unit
-tier runs on 2 workers; the integration tier on 2, the modules that start daemons, Ray clusters or peer processes
-all on one of them in turn (tests/tiers.py's PROCESS_MODULES), the in-process ones beside; the system tier (chaos,
-namespaces, churn, fuzzing: all processes and time bounds) runs alone. Four workers made the suite slower and red.
+Parallelism (pytest-xdist) does not pay on the 2-core machine CI uses, measured (docs/figures.md#the-test-suite):
+the unit tier took 55 s of wall time on 2 workers, about what it takes in one process (each worker imports torch
+and collects the suite); the integration tier took 30 min 14 s on 2 workers (the modules that start daemons, Ray clusters or peer
+processes all on one of them, tests/tiers.py's PROCESS_MODULES), as long as in one process, with two tests failing
+under the load; on 4 workers the load passed 40. So every tier runs in one process; `SWARM_TEST_WORKERS=N` runs
+each on N workers (`--dist loadgroup`) on a machine with more cores.
 
 Run: `python tests/run_tiers.py [--tier unit|integration|system ...] [-- extra pytest args]`.
 """
@@ -29,7 +31,7 @@ class TierRun:
     workers: int  # pytest-xdist workers; 0: in the pytest process itself
 
 
-TIER_RUNS = (TierRun("unit", 2), TierRun("integration", 2), TierRun("system", 0))
+TIER_RUNS = (TierRun("unit", 0), TierRun("integration", 0), TierRun("system", 0))
 WORKERS_VARIABLE = "SWARM_TEST_WORKERS"  # overrides every tier's workers (0: no xdist), e.g. to debug a failure
 
 

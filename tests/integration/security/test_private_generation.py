@@ -46,8 +46,9 @@ def member(smollm2_path: Path, private_registry: Registry, keys) -> Iterator[Dis
 
 
 def pushes(server: PeerServer) -> float:
-    value = server.metrics.registry.get_sample_value("swarm_requests_total", {"rpc": "Push", "status": "OK"})
-    return value or 0.0
+    """Push calls the server took: one per step on the old path, one per wave (PushBatch) on the batched one."""
+    sample = server.metrics.registry.get_sample_value
+    return sum(sample("swarm_requests_total", {"rpc": rpc, "status": "OK"}) or 0.0 for rpc in ("Push", "PushBatch"))
 
 
 def test_a_member_generates_the_same_tokens_as_hugging_face(member, reference, private_peers) -> None:
