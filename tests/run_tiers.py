@@ -4,10 +4,10 @@ should not hide an integration failure); the exit status is the first failing ti
 
 Parallelism (pytest-xdist) does not pay on the 2-core machine CI uses, measured (docs/figures.md#the-test-suite):
 the unit tier took 55 s of wall time on 2 workers, about what it takes in one process (each worker imports torch
-and collects the suite); the integration tier took 30 min 14 s on 2 workers (the modules that start daemons, Ray clusters or peer
-processes all on one of them, tests/tiers.py's PROCESS_MODULES), as long as in one process, with two tests failing
-under the load; on 4 workers the load passed 40. So every tier runs in one process; `SWARM_TEST_WORKERS=N` runs
-each on N workers (`--dist loadgroup`) on a machine with more cores.
+and collects the suite); the integration tier took 30 min 14 s on 2 workers (the modules that start daemons, Ray
+clusters or peer processes all on one of them: tests/tiers.py's PROCESS_MODULES), as long as in one process, with
+two tests failing under the load; on 4 workers the load passed 40. So every tier runs in one process;
+`SWARM_TEST_WORKERS=N` runs each on N workers (`--dist loadgroup`) on a machine with more cores.
 
 Run: `python tests/run_tiers.py [--tier unit|integration|system ...] [-- extra pytest args]`.
 """
