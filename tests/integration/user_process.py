@@ -41,7 +41,8 @@ class UserProcess:
         self.process = subprocess.Popen(
             [sys.executable, *args],
             cwd=cwd,
-            env={**ENV, TAG_VARIABLE: self.tag},
+            # faulthandler on: a command that hangs prints every thread's stack on SIGABRT (finish, `_stacks`)
+            env={**ENV, TAG_VARIABLE: self.tag, "PYTHONFAULTHANDLER": "1"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -94,8 +95,11 @@ class UserProcess:
         try:
             returncode = self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
+            stderr, stacks = "".join(self._err)[-3000:], self._stacks()
             self._kill_all()
-            raise AssertionError(f"still running after {timeout_s} s; stderr:\n{''.join(self._err)[-3000:]}") from None
+            raise AssertionError(
+                f"still running after {timeout_s} s; stderr:\n{stderr}\nits threads:\n{stacks}"
+            ) from None
         exited = time.monotonic()
         for reader in self._readers:
             reader.join(5)
@@ -106,6 +110,17 @@ class UserProcess:
         lag = exited - min(self.last_output, exited)
         signal_lag = None if self.signalled is None else exited - self.signalled
         return UserRun(returncode, "".join(self._out), "".join(self._err), lag, signal_lag, survivors)
+
+    def _stacks(self) -> str:
+        """Every thread's stack of the hung command: SIGABRT makes its faulthandler print them, then it dies."""
+        printed_before = len(self._err)
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+        for reader in self._readers:
+            reader.join(2)
+        return "".join(self._err[printed_before:])[-6000:]
 
     def survivors(self) -> list[str]:
         """Live or defunct processes of this run: in its session, or carrying its tag."""
