@@ -28,13 +28,21 @@ HALVES = ((0, 2), (2, 4))
 LIMITS = LimitsConfig(sessions_per_client=64, requests_per_s=10_000, request_burst=10_000)
 
 
-def tiny_peers(spans=HALVES, **overrides: object) -> list[PeerServer]:
+@contextmanager
+def tiny_peers(spans=HALVES, **overrides: object) -> Iterator[list[PeerServer]]:
+    """Peers serving `spans` of the tiny Llama, started in order and stopped on leaving, whatever happened."""
     options: dict = {"cache_tokens": 64 * 1024, "max_session_length": 256, "limits": LIMITS, "credentials": OPEN}
     config = ServerConfig(**(options | overrides))
-    servers = [PeerServer(tiny_llama_span(s, e), config, peer_id=f"tiny-{s}", model="tiny") for s, e in spans]
-    for server in servers:
-        server.start()
-    return servers
+    servers: list[PeerServer] = []
+    try:
+        for start, end in spans:
+            server = PeerServer(tiny_llama_span(start, end), config, peer_id=f"tiny-{start}", model="tiny")
+            server.start()
+            servers.append(server)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
 
 
 @contextmanager

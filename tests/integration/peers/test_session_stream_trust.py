@@ -25,18 +25,15 @@ from .sessions_wire import Step, StreamClient
 
 @pytest.fixture(scope="module")
 def chain() -> Iterator[list[PeerServer]]:
-    servers = tiny_peers()
-    yield servers
-    for server in servers:
-        server.stop()
+    with tiny_peers() as servers:
+        yield servers
 
 
 @pytest.fixture(scope="module")
 def strict() -> Iterator[PeerServer]:
     limits = LimitsConfig(sessions_per_client=4, requests_per_s=10_000, request_burst=10_000)
-    [server] = tiny_peers([(0, 4)], open_timeout_s=0.5, limits=limits)
-    yield server
-    server.stop()
+    with tiny_peers([(0, 4)], open_timeout_s=0.5, limits=limits) as [server]:
+        yield server
 
 
 def silent() -> Iterator[pb.SessionsRequest]:

@@ -28,10 +28,8 @@ SESSIONS = 16
 
 @pytest.fixture(scope="module")
 def chain() -> Iterator[list[PeerServer]]:
-    servers = tiny_peers()
-    yield servers
-    for server in servers:
-        server.stop()
+    with tiny_peers() as servers:
+        yield servers
 
 
 def positions(plan: list[torch.Tensor]) -> list[int]:
@@ -159,8 +157,7 @@ def test_ending_the_stream_frees_every_sessions_pages(chain, ending: str) -> Non
 
 
 def test_a_batch_chunked_across_messages_works_both_ways() -> None:
-    [server] = tiny_peers([(0, 4)], max_message_bytes=24 << 10)
-    try:
+    with tiny_peers([(0, 4)], max_message_bytes=24 << 10) as [server]:
         plans = [plan_for(i, decode_steps=1) for i in range(SESSIONS)]
         plans = [[p[0].repeat(1, 4, 1), p[1]] for p in plans]  # prompts of 8 to 24 tokens: ~80 KiB in all
         expected = [alone([server], plan) for plan in plans]
@@ -177,14 +174,11 @@ def test_a_batch_chunked_across_messages_works_both_ways() -> None:
             stream.finish()
         chunked = [m for m in stream.messages if m.answers.hidden_states.num_chunks > 1]
         assert chunked and not stream.errors
-    finally:
-        server.stop()
 
 
 def test_a_session_the_engine_closes_ends_alone_on_its_stream() -> None:
     """Idle reaping (engine.on_lost) gives that session a SessionError; the stream's busy session goes on."""
-    [server] = tiny_peers([(0, 4)], session_idle_s=0.5)
-    try:
+    with tiny_peers([(0, 4)], session_idle_s=0.5) as [server]:
         with stub_of(server) as stub:
             stream = StreamClient(stub)
             stream.open("idle", (0, 4))
@@ -204,15 +198,12 @@ def test_a_session_the_engine_closes_ends_alone_on_its_stream() -> None:
             stream.end()
             stream.finish()
         assert set(stream.errors) == {"idle"} and stream.failure is None
-    finally:
-        server.stop()
 
 
 def test_a_long_prefill_does_not_hold_back_the_other_sessions_answers() -> None:
     """A 640-token prompt takes many iterations (64 tokens each); the short steps sent in the same batch are
     answered as they finish, in an AnswerBatch of their own, long before it."""
-    [server] = tiny_peers([(0, 4)], max_batch_tokens=64, max_request_tokens=1024, max_session_length=1024)
-    try:
+    with tiny_peers([(0, 4)], max_batch_tokens=64, max_request_tokens=1024, max_session_length=1024) as [server]:
         with stub_of(server) as stub:
             stream = StreamClient(stub)
             stream.open("long", (0, 4), max_length=1024)
@@ -226,8 +217,6 @@ def test_a_long_prefill_does_not_hold_back_the_other_sessions_answers() -> None:
         answered = [{r.session_id for r in m.answers.results} for m in stream.messages if m.answers.results]
         assert answered[-1] == {"long"} and len(answered) >= 2, answered
         assert set().union(*answered[:-1]) == {f"short{i}" for i in range(8)}
-    finally:
-        server.stop()
 
 
 def test_a_step_that_reorders_rows_equals_the_old_path(chain) -> None:

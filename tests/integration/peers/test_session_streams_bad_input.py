@@ -26,9 +26,8 @@ MUTATIONS = 60
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[PeerServer]:
-    [server] = tiny_peers([(0, 4)])
-    yield server
-    server.stop()
+    with tiny_peers([(0, 4)]) as [server]:
+        yield server
 
 
 def steps_of(*steps: Step) -> pb.SessionsRequest:
