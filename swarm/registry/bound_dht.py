@@ -12,15 +12,55 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import hivemind
 
+logger = logging.getLogger(__name__)
+
 WATCH_PERIOD_S = 0.25
+# p2pd is a Go binary started by the DHT's child; on a loaded machine it has been measured to miss hivemind's 15 s
+# default, and a child that never reports ready left its parent waiting for good (a CI run: 240 s, then killed).
+P2PD_STARTUP_TIMEOUT_S = 45.0
+READY_TIMEOUT_S = 90.0
+START_ATTEMPTS = 2
+
+
+def start_dht(**kwargs: Any) -> ParentBoundDHT:
+    """A started, ready ParentBoundDHT. A child that does not report ready within READY_TIMEOUT_S is killed with its
+    p2pd and started once more; hivemind itself would wait forever. Errors the child reports (a refused initial
+    peer, a bad address) are raised at once: trying again would not change them."""
+    kwargs.setdefault("startup_timeout", P2PD_STARTUP_TIMEOUT_S)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        dht = ParentBoundDHT(start=False, **kwargs)
+        dht.run_in_background(await_ready=False)
+        try:
+            dht.wait_until_ready(READY_TIMEOUT_S)
+            return dht
+        except TimeoutError:
+            kill_group(dht)
+            logger.warning("the DHT node was not ready in %.0f s (attempt %d of %d)", READY_TIMEOUT_S, attempt,
+                           START_ATTEMPTS)  # fmt: skip
+        except BaseException:
+            kill_group(dht)
+            raise
+    raise TimeoutError(f"the DHT node was not ready in {READY_TIMEOUT_S:.0f} s, {START_ATTEMPTS} times")
+
+
+def kill_group(dht: hivemind.DHT) -> None:
+    """SIGKILL a DHT child and its p2pd: the child leads a process group of its own (ParentBoundDHT.run)."""
+    if dht.pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(dht.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(dht.pid, signal.SIGKILL)  # before setpgid ran, the child is still in our group
+        dht.join(5)
 
 
 class ParentBoundDHT(hivemind.DHT):

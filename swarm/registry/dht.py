@@ -78,15 +78,14 @@ class Registry:
         signing_key: Any = None,
         read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        from swarm.registry.bound_dht import ParentBoundDHT  # hivemind is heavy: imported when a node starts
+        from swarm.registry.bound_dht import start_dht  # hivemind is heavy: imported when a node starts
 
         initial_peers = initial_peer_list(initial_peers) if initial_peers else []
         host_maddrs, announce_maddrs = dht_multiaddrs(HostConfig(host, announce_host), port, initial_peers)
         self.signing, self.read_timeout_s = RecordSigning(credentials, signing_key), read_timeout_s
         try:
-            self.dht = ParentBoundDHT(
+            self.dht = start_dht(
                 initial_peers=initial_peers,
-                start=True,
                 host_maddrs=host_maddrs,
                 announce_maddrs=announce_maddrs,
                 client_mode=client_mode,

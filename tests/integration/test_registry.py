@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from swarm.registry import Announcer, Registry
+from swarm.registry import Announcer, Registry, bound_dht
 from swarm.registry.dht import peers_key
 from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, PeerState, Span
@@ -95,3 +96,27 @@ def test_swarm_dht_is_a_bootstrap_without_ray() -> None:
         assert not alive
     finally:
         daemon.kill()
+
+
+def test_a_dht_child_that_never_reports_ready_is_killed_and_started_again(monkeypatch, tmp_path) -> None:
+    """hivemind waits for its child's readiness forever; a CI run hung 240 s on one. The first child here hangs
+    (as a p2pd that never answers would); it is killed with its group and a second one serves."""
+    hung = tmp_path / "hung-child-pid"
+    serve = bound_dht.ParentBoundDHT.run
+
+    def run_hanging_once(self) -> None:
+        if not hung.exists():
+            hung.write_text(str(os.getpid()))
+            os.setpgid(0, 0)
+            time.sleep(600)
+        serve(self)
+
+    monkeypatch.setattr(bound_dht.ParentBoundDHT, "run", run_hanging_once)
+    monkeypatch.setattr(bound_dht, "READY_TIMEOUT_S", 5.0)
+    node = Registry(credentials=OPEN)
+    try:
+        assert node.addresses
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(hung.read_text()), 0)
+    finally:
+        node.shutdown()
