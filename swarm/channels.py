@@ -100,10 +100,13 @@ class PeerStubs:
             self._legacy.discard(address)  # a peer restarted there may be a newer one
 
     def close(self) -> None:
+        """Cancel the links, then close the channels, outside the lock: a link's reader that sees its stream end
+        calls back into `_broken`, which takes the lock, while gRPC's channel close waits for those very calls."""
         with self._lock:
             links, self._links = list(self._links.values()), {}
-            for _, channel in self._entries.values():
-                channel.close()
+            channels = [channel for _, channel in self._entries.values()]
             self._entries.clear()
         for link in links:
             link.close()
+        for channel in channels:
+            channel.close()

@@ -120,7 +120,8 @@ class UserProcess:
             self.process.wait(5)
         for reader in self._readers:
             reader.join(2)
-        return "".join(self._err[printed_before:])[-6000:]
+        dump = "".join(line for line in self._err[printed_before:] if not line.startswith("Extension modules:"))
+        return dump[-20000:]  # every thread: the one that hangs is rarely the main one
 
     def survivors(self) -> list[str]:
         """Live or defunct processes of this run: in its session, or carrying its tag."""

@@ -70,7 +70,8 @@ def test_a_member_runs_forward_and_backward_calls(member, reference) -> None:
 
 
 def test_another_swarms_member_does_not_even_see_the_peers(smollm2_path, private_registry, keys, reference) -> None:
-    outsider = client(smollm2_path, private_registry, keys.mallory, step_timeout_s=2.0)
+    # It sees no block at all: waiting the default 30 s for some to appear would tell nothing more.
+    outsider = client(smollm2_path, private_registry, keys.mallory, step_timeout_s=2.0, wait_for_blocks_s=1.0)
     try:
         assert outsider.view.peers(fresh=True) == []  # its DHT node refuses records not signed by its swarm
         with pytest.raises(MissingBlocks):
