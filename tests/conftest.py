@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -45,6 +46,16 @@ def pytest_configure(config: pytest.Config) -> None:
     from tests.tiers import Tiers
 
     config.pluginmanager.register(Tiers(), "swarm-tiers")
+    _take_ctrl_c_back()
+
+
+def _take_ctrl_c_back() -> None:
+    """A suite started in the background by a non-interactive shell (`make test &`, `nohup ... &`) runs with SIGINT
+    ignored, and every command it starts inherits that: the tests that press Ctrl-C on `swarm generate` then see a
+    command that (rightly) goes on, and fail after a minute. Python's own handler, set here, is reset to the default
+    in each command started, as if from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
