@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+from prometheus_client import ProcessCollector
 
 from peers.limits import LimitsConfig
 from peers.server import PeerServer, ServerConfig
@@ -81,6 +82,7 @@ def main() -> None:
     span = load_span(ns.model, start_block, end_block, dtype=getattr(torch, ns.dtype), device=ns.device)
     server = PeerServer(span, config, peer_id="measured", model=Path(ns.model).name)
     server.start()
+    ProcessCollector(registry=server.metrics.registry)  # process_cpu_seconds_total: where a benchmark's CPU went
     metrics = f" 127.0.0.1:{server.metrics.serve('127.0.0.1', 0)}" if ns.metrics else ""
     print(f"serving {server.address}{metrics}", flush=True)
     sys.stdin.read()  # until the parent closes our stdin (or dies)

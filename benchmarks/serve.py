@@ -13,9 +13,10 @@ sessions (swarm/client/head_batching.py: SharedHead, as DistributedModel's gener
 tokens/s is sessions × new_tokens over the time from the sessions' start (prefill included) to the last token.
 The baseline (benchmarks/hf_baseline.py: `model(...)` with past_key_values in a plain loop, prefill included the
 same way, in a spawned process with one torch thread) runs first, at the same batch sizes, prompt and new tokens.
-Prints one JSON object: per level, aggregate tokens/s, p50/p95 per-token latency and each peer's mean sequences
-per engine iteration; at the top the baseline's tokens/s, `efficiency_N` (swarm ÷ baseline at N), speedup_32 and
-speedup_128 (against 1 session), p50_ms_1, p95_ms_32 and p95_ms_32_over_p50_ms_1.
+Prints one JSON object: per level, aggregate tokens/s, p50/p95 per-token latency, each peer's mean sequences
+per engine iteration and the CPU milliseconds per token of the client processes and of each peer (where the time
+goes when they share the machine's cores); at the top the baseline's tokens/s, `efficiency_N` (swarm ÷ baseline
+at N), speedup_32 and speedup_128 (against 1 session), p50_ms_1, p95_ms_32 and p95_ms_32_over_p50_ms_1.
 """
 
 from __future__ import annotations
@@ -90,28 +91,39 @@ def _generate(
         level.first_token_s.extend(times[:1] and [times[0] - started])
 
 
-def batch_sequences(metrics: str) -> tuple[float, float]:
-    """Sum and count of a peer's sequences per engine iteration, from its /metrics text."""
-    total = count = 0.0
+def batch_sequences(metrics: str) -> tuple[float, float, float]:
+    """Sum and count of a peer's sequences per engine iteration, and its process's CPU seconds (0 where the peer
+    does not export them), from its /metrics text."""
+    total = count = cpu_s = 0.0
     for line in metrics.splitlines():
         if line.startswith("swarm_engine_batch_sequences_sum"):
             total += float(line.split()[-1])
         elif line.startswith("swarm_engine_batch_sequences_count"):
             count += float(line.split()[-1])
-    return total, count
+        elif line.startswith("process_cpu_seconds_total"):
+            cpu_s = float(line.split()[-1])
+    return total, count, cpu_s
 
 
-def _batch_counters(metrics_urls: list[str]) -> list[tuple[float, float]]:
+def _batch_counters(metrics_urls: list[str]) -> list[tuple[float, float, float]]:
     """Each peer's `batch_sequences`, read from its /metrics."""
     return [batch_sequences(urllib.request.urlopen(url, timeout=10).read().decode()) for url in metrics_urls]
 
 
-def mean_batches(before: list[tuple[float, float]], after: list[tuple[float, float]]) -> list[float]:
+def mean_batches(before: list[tuple[float, ...]], after: list[tuple[float, ...]]) -> list[float]:
     """Each peer's mean sequences per engine iteration between two reads of its counters (0 if it ran none)."""
     return [
         round((total - total_0) / max(count - count_0, 1), 2)
-        for (total_0, count_0), (total, count) in zip(before, after, strict=True)
+        for (total_0, count_0, *_), (total, count, *_) in zip(before, after, strict=True)
     ]
+
+
+def cpu_ms_per_token(client_cpu_s: float, before, after, tokens: int) -> dict:
+    """CPU milliseconds each process spent per generated token: the client processes together, then each peer
+    (where the time goes on a machine whose cores they share)."""
+    peers = [cpu - cpu_0 for (*_, cpu_0), (*_, cpu) in zip(before, after, strict=True)]
+    per_token = 1000 / max(tokens, 1)
+    return {"client": round(client_cpu_s * per_token, 3), "peers": [round(cpu * per_token, 3) for cpu in peers]}
 
 
 @dataclass(frozen=True)
@@ -134,12 +146,14 @@ def _client_process(spec: ClientSpec, peers, prompt, sessions: int, new_tokens: 
         for _ in range(sessions)
     ]
     barrier.wait()
+    cpu_started = time.process_time()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(1800)
+    cpu_s = time.process_time() - cpu_started
     stubs.close()
-    results.put((level.token_s, level.first_token_s, level.failures))
+    results.put((level.token_s, level.first_token_s, level.failures, cpu_s))
 
 
 def run_level(
@@ -160,12 +174,13 @@ def run_level(
     barrier.wait(timeout=600)  # every client has loaded its head
     before = _batch_counters(metrics_urls)
     started = time.perf_counter()
-    level = _Level()
+    level, client_cpu_s = _Level(), 0.0
     for _ in workers:
-        token_s, first_token_s, failures = results.get(timeout=3600)
+        token_s, first_token_s, failures, cpu_s = results.get(timeout=3600)
         level.token_s += token_s
         level.first_token_s += first_token_s
         level.failures += failures
+        client_cpu_s += cpu_s
     wall_s = time.perf_counter() - started
     for worker in workers:
         worker.join(60)
@@ -180,6 +195,7 @@ def run_level(
         "p95_ms": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 1),
         "first_token_ms": round(1000 * statistics.median(level.first_token_s or [float("nan")]), 1),
         "mean_batch_per_peer": mean_batches(before, after),  # sequences per engine iteration, each peer
+        "cpu_ms_per_token": cpu_ms_per_token(client_cpu_s, before, after, tokens),
         "wall_s": round(wall_s, 1),
         "failures": len(level.failures),
         "failure_examples": level.failures[:2],

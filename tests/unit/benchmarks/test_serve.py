@@ -11,7 +11,15 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks.hf_baseline import efficiency, greedy_tokens, greedy_tokens_per_s
-from benchmarks.serve import SMOLLM2_VOCAB, batch_sequences, mean_batches, summary, vocab_size, write_tiny
+from benchmarks.serve import (
+    SMOLLM2_VOCAB,
+    batch_sequences,
+    cpu_ms_per_token,
+    mean_batches,
+    summary,
+    vocab_size,
+    write_tiny,
+)
 from swarm.partition import load_client_head
 from swarm.training.init_model import write_random_llama
 
@@ -21,6 +29,7 @@ swarm_engine_batch_sequences_bucket{le="1.0"} 3.0
 swarm_engine_batch_sequences_count 10.0
 swarm_engine_batch_sequences_sum 42.0
 swarm_engine_step_seconds_sum 9.0
+process_cpu_seconds_total 3.5
 """
 
 
@@ -62,9 +71,14 @@ def test_efficiency_is_swarm_over_baseline_at_each_level_both_measured() -> None
 
 
 def test_each_peers_mean_batch_comes_from_its_own_counters() -> None:
-    assert batch_sequences(METRICS) == (42.0, 10.0)
-    assert batch_sequences("") == (0.0, 0.0)
-    assert mean_batches([(2.0, 1.0), (0.0, 0.0)], [(42.0, 11.0), (0.0, 0.0)]) == [4.0, 0.0]
+    assert batch_sequences(METRICS) == (42.0, 10.0, 3.5)
+    assert batch_sequences("") == (0.0, 0.0, 0.0)
+    assert mean_batches([(2.0, 1.0, 0.0), (0.0, 0.0, 0.0)], [(42.0, 11.0, 0.0), (0.0, 0.0, 0.0)]) == [4.0, 0.0]
+
+
+def test_cpu_per_token_is_each_processs_cpu_over_the_levels_tokens() -> None:
+    before, after = [(0.0, 0.0, 1.0), (0.0, 0.0, 2.0)], [(0.0, 0.0, 3.0), (0.0, 0.0, 2.5)]
+    assert cpu_ms_per_token(4.0, before, after, tokens=1000) == {"client": 4.0, "peers": [2.0, 0.5]}
 
 
 def test_the_summary_gives_efficiencies_speedups_and_the_latency_ratio() -> None:
