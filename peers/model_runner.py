@@ -46,7 +46,7 @@ class ModelRunner:
         ]
         self.pool.zero_taken()
         batch = build_batch(rows, self.pool.page_size, self.group, span.device)
-        positions = torch.cat([torch.arange(row.position, row.position + row.length) for row in rows])
+        positions = torch.tensor([p for row in rows for p in range(row.position, row.end)], dtype=torch.int64)
         flat = torch.cat([piece.hidden.reshape(-1, piece.hidden.shape[-1]) for piece in pieces])
         hidden = flat.to(device=span.device, dtype=span.dtype).unsqueeze(0)  # [1, tokens, hidden]
         cos, sin = span.rotary.at(positions.to(span.device), hidden.dtype)

@@ -57,23 +57,32 @@ class SequenceRows:
     position: int  # of its first new token
     length: int  # new tokens
 
+    @property
+    def end(self) -> int:
+        """Tokens the sequence holds after this step."""
+        return self.position + self.length
+
 
 def build_batch(rows: list[SequenceRows], page_size: int, group: int, device: torch.device) -> RaggedBatch:
-    """The batch of `rows`, whose tokens are laid out one row after the other; `group` query heads share a KV head."""
-    slots, decode_rows, pieces, start = [], [], [], 0
+    """The batch of `rows`, whose tokens are laid out one row after the other; `group` query heads share a KV head.
+
+    Slots are computed as Python integers and become one tensor: per-row tensors cost ~10 us each, which at 128
+    decode rows was a measurable part of an iteration of a small model."""
+    slots: list[int] = []
+    decode_rows, pieces, start = [], [], 0
     for row in rows:
-        pages = torch.tensor(row.pages, dtype=torch.int64)
-        positions = torch.arange(row.position, row.position + row.length)
-        slots.append(pages[positions // page_size] * page_size + positions % page_size)
-        context = row.position + row.length
+        slots.extend(row.pages[p // page_size] * page_size + p % page_size for p in range(row.position, row.end))
+        context = row.end
         if row.length == 1:
             decode_rows.append((start, row.pages, context))
         else:
             causal = torch.ones(row.length, context, dtype=torch.bool).tril(diagonal=context - row.length)
             mask = causal.repeat(group, 1).to(device)
-            pieces.append(PieceGroup(start, row.length, pages.to(device), context, mask))
+            pages = torch.tensor(row.pages, dtype=torch.int64).to(device)
+            pieces.append(PieceGroup(start, row.length, pages, context, mask))
         start += row.length
-    return RaggedBatch(torch.cat(slots).to(device), _decode_group(decode_rows, page_size, device), tuple(pieces))
+    slot_tensor = torch.tensor(slots, dtype=torch.int64).to(device)
+    return RaggedBatch(slot_tensor, _decode_group(decode_rows, page_size, device), tuple(pieces))
 
 
 def _decode_group(rows: list[tuple[int, list[int], int]], page_size: int, device: torch.device) -> DecodeGroup | None:
@@ -115,9 +124,10 @@ class PagedLayer:
         return out.unsqueeze(0)
 
     def _paged(self, store: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
-        """[..., pages] page ids -> [..., pages * page_size, kv_heads, d] of `store`'s slots."""
-        by_page = store.view(-1, self.page_size, *store.shape[1:])[pages]
-        return by_page.flatten(-4, -3)
+        """[..., pages] page ids -> [..., pages * page_size, kv_heads, d] of `store`'s slots. index_select copies
+        whole pages; advanced indexing (`store[pages]`) took ~150 us per call at 128 decode rows on a CPU."""
+        by_page = store.view(-1, self.page_size, *store.shape[1:]).index_select(0, pages.reshape(-1))
+        return by_page.view(*pages.shape[:-1], pages.shape[-1] * self.page_size, *store.shape[1:])
 
     def _decode(
         self,
