@@ -25,32 +25,51 @@ import hivemind
 logger = logging.getLogger(__name__)
 
 WATCH_PERIOD_S = 0.25
-# p2pd is a Go binary started by the DHT's child; on a loaded machine it has been measured to miss hivemind's 15 s
-# default, and a child that never reports ready left its parent waiting for good (a CI run: 240 s, then killed).
+# The DHT's child is forked from a process full of threads (gRPC, torch): in a full test run one died at once of a
+# SIGABRT in an at-fork handler, and hivemind waits for a dead child's readiness for good (a CI run: 240 s, then
+# killed). p2pd, the Go binary the child starts, has missed hivemind's default 15 s to start on a loaded machine.
 P2PD_STARTUP_TIMEOUT_S = 45.0
 READY_TIMEOUT_S = 90.0
-START_ATTEMPTS = 2
+READY_POLL_S = 0.25  # how often the wait looks whether the child still lives
+START_ATTEMPTS = 3
 
 
 def start_dht(**kwargs: Any) -> ParentBoundDHT:
-    """A started, ready ParentBoundDHT. A child that does not report ready within READY_TIMEOUT_S is killed with its
-    p2pd and started once more; hivemind itself would wait forever. Errors the child reports (a refused initial
-    peer, a bad address) are raised at once: trying again would not change them."""
+    """A started, ready ParentBoundDHT. A child that dies before it is ready is started again at once, one that is
+    not ready within READY_TIMEOUT_S is killed with its p2pd and started again (START_ATTEMPTS in all); hivemind
+    itself would wait forever. Errors the child reports (a refused initial peer, a bad address) are raised at once:
+    trying again would not change them."""
     kwargs.setdefault("startup_timeout", P2PD_STARTUP_TIMEOUT_S)
     for attempt in range(1, START_ATTEMPTS + 1):
         dht = ParentBoundDHT(start=False, **kwargs)
         dht.run_in_background(await_ready=False)
         try:
-            dht.wait_until_ready(READY_TIMEOUT_S)
-            return dht
-        except TimeoutError:
-            kill_group(dht)
-            logger.warning("the DHT node was not ready in %.0f s (attempt %d of %d)", READY_TIMEOUT_S, attempt,
-                           START_ATTEMPTS)  # fmt: skip
+            if _ready(dht):
+                return dht
         except BaseException:
             kill_group(dht)
             raise
-    raise TimeoutError(f"the DHT node was not ready in {READY_TIMEOUT_S:.0f} s, {START_ATTEMPTS} times")
+        what = "died before it was ready" if not dht.is_alive() else f"was not ready in {READY_TIMEOUT_S:.0f} s"
+        kill_group(dht)
+        logger.warning("the DHT node's process %s (attempt %d of %d)", what, attempt, START_ATTEMPTS)
+    raise TimeoutError(f"the DHT node's process did not start, {START_ATTEMPTS} times")
+
+
+def _ready(dht: hivemind.DHT) -> bool:
+    """Wait until the child reports ready (True), dies, or READY_TIMEOUT_S passes (False)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            dht.wait_until_ready(min(READY_POLL_S, max(deadline - time.monotonic(), 0.0)))
+            return True
+        except TimeoutError:
+            if not dht.is_alive():
+                with contextlib.suppress(TimeoutError):
+                    dht.wait_until_ready(1.0)  # an error it reported on its way out arrives now, and is raised
+                    return True
+                return False
+            if time.monotonic() >= deadline:
+                return False
 
 
 def kill_group(dht: hivemind.DHT) -> None:

@@ -120,3 +120,25 @@ def test_a_dht_child_that_never_reports_ready_is_killed_and_started_again(monkey
             os.kill(int(hung.read_text()), 0)
     finally:
         node.shutdown()
+
+
+def test_a_dht_child_that_dies_before_it_is_ready_is_started_again_at_once(monkeypatch, tmp_path) -> None:
+    """A full test run saw the forked child die of a SIGABRT in an at-fork handler before it could report ready; the
+    next attempt starts at once, without waiting out READY_TIMEOUT_S."""
+    died = tmp_path / "died"
+    serve = bound_dht.ParentBoundDHT.run
+
+    def run_dying_once(self) -> None:
+        if not died.exists():
+            died.touch()
+            os._exit(1)
+        serve(self)
+
+    monkeypatch.setattr(bound_dht.ParentBoundDHT, "run", run_dying_once)
+    started = time.monotonic()
+    node = Registry(credentials=OPEN)
+    try:
+        assert died.exists() and node.addresses
+        assert time.monotonic() - started < bound_dht.READY_TIMEOUT_S / 3
+    finally:
+        node.shutdown()
