@@ -64,6 +64,10 @@ class InferenceStream:
     def fence(self, push_token: bytes) -> None:
         self._requests.put(pb.InferenceRequest(fence=pb.InferenceFence(push_token=push_token)))
 
+    def heard_since(self, moment: float) -> bool:
+        """False: the stream is this session's alone, so anything on it is the answer being waited for."""
+        return False
+
     def answer(self, item: object, more: Callable[[], object], like: torch.Tensor) -> tuple[int, bool, torch.Tensor]:
         """(step_id, pushed, output) from the first item of an answer, reading its further chunks with `more`."""
         first = self._response(item)

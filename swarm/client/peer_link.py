@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -73,6 +74,7 @@ class PeerLink:
         self._lock = threading.Lock()
         self._retired = False  # dropped by its owner: no new sessions, the stream ends after its last one
         self.batches_sent = self.steps_sent = 0  # StepBatch messages (chunks apart) and the steps they carried
+        self.heard_at = time.monotonic()  # when the peer last sent anything on the stream (time.monotonic)
         self._call = stub.Sessions(self._requests())
         threading.Thread(target=self._read, name=f"link-{address}", daemon=True).start()
 
@@ -179,6 +181,7 @@ class PeerLink:
         assembler = AnswerAssembler(self.address)
         try:
             for response in self._call:
+                self.heard_at = time.monotonic()
                 kind = response.WhichOneof("kind")
                 if kind == "error":
                     self._session_failed(response.error)
@@ -280,6 +283,11 @@ class LinkSession:
 
     def fence(self, push_token: bytes) -> None:
         self.link.fence(self.session_id, push_token)
+
+    def heard_since(self, moment: float) -> bool:
+        """The peer sent something on the shared stream (an answer to any session) after `moment` (monotonic):
+        it is alive, however long this session's answer takes."""
+        return self.link.heard_at > moment
 
     def answer(self, item: object, more: Callable[[], object], like: torch.Tensor) -> tuple[int, bool, torch.Tensor]:
         """(step_id, pushed, output) from an item of `answers` (whole already: `more` is not needed)."""

@@ -163,14 +163,20 @@ class SpanSession:
 
     def probe(self) -> Callable[[], bool]:
         """Start a health call; the function returned tells (waiting for the call, at most PROBE_TIMEOUT_S) whether
-        the peer answered it. A frozen process (SIGSTOP, a paused VM) does not; a busy one does."""
+        the peer answered it, or sent anything on the stream this session shares since the probe began. A frozen
+        process (SIGSTOP, a paused VM) does neither; a busy one does one or both (its Health handler may wait on
+        a process crowded with session threads, while its engine goes on answering other sessions)."""
+        started = time.monotonic()
         call = self._stub.Health.future(pb.HealthRequest(), timeout=PROBE_TIMEOUT_S)
+        heard_since = self._transport.heard_since
 
         def answered() -> bool:
+            if heard_since(started):
+                return True
             try:
                 call.result()
             except grpc.RpcError:
-                return False
+                return heard_since(started)
             return True
 
         return answered
