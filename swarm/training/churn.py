@@ -1,6 +1,6 @@
 """Preemption on a schedule for a training job: every period, SIGKILL one replica of each stage (Ray restarts it
 as a fresh process that rejoins and downloads the stage's state), and watch the stages' step counters meanwhile.
-A stage whose replicas are not all serving is spared that period: killing its last live replica would lose the
+A stage whose replicas are not all serving is spared until they are: killing its last live replica would lose the
 state that was not checkpointed, which is the all-replicas-died case (resume from checkpoints), not churn.
 
 Used by benchmarks/train.py and the churn test. It needs the replicas' processes on this machine (it signals
@@ -21,6 +21,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 WATCH_PERIOD_S = 1.0
+RETRY_S = 2.0  # how soon a stage spared because a replica was restarting is tried again
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ class ReplicaChurn:
     first_after_s: float | None = None  # the first kills this long after start() (None: one period)
     kills: int = 0
     last_kill_at: float | None = None  # time.monotonic() of the latest kill
-    skipped: int = 0  # periods a stage was spared because one of its replicas was still restarting
+    skipped: int = 0  # tries at a stage due a kill while one of its replicas was still restarting
     killed: list[tuple[float, str]] = field(default_factory=list)  # (time.monotonic(), stage) of each kill
     sweeps: list[Sweep] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -121,23 +122,36 @@ class ReplicaChurn:
         return problems
 
     def _kill_loop(self) -> None:
+        """Each stage is due a kill every period; a stage that is due while one of its replicas is still
+        restarting is tried again every RETRY_S, not a whole period later (a restart takes 10-20 s under load:
+        waiting a period would leave a short job with one kill fewer on that stage)."""
+        chooser = random.Random(self.seed)
+        first = self.period_s if self.first_after_s is None else self.first_after_s
+        due = {span: time.monotonic() + first for span in self.job.stages}
+        while not self._stop.wait(max(min(min(due.values()) - time.monotonic(), RETRY_S), 0.0)):
+            for span, actors in self.job.stages.items():
+                if self.done_killing:
+                    return
+                if due[span] <= time.monotonic():
+                    killed = self._kill_one(span, actors, chooser)
+                    due[span] = time.monotonic() + (self.period_s if killed else RETRY_S)
+
+    def _kill_one(self, span: tuple[int, int], actors: list[Any], chooser: random.Random) -> bool:
+        """SIGKILL a random replica of the stage, if every replica serves (never the last one holding the stage's
+        state); False when one is still restarting."""
         import ray
 
-        chooser = random.Random(self.seed)
-        wait_s = self.period_s if self.first_after_s is None else self.first_after_s
-        while not self._stop.wait(wait_s) and not self.done_killing:
-            wait_s = self.period_s
-            for span, actors in self.job.stages.items():
-                try:  # only while every replica serves: never the last one holding the stage's state
-                    infos = ray.get([actor.info.remote() for actor in actors], timeout=5)
-                except Exception as error:  # one is still restarting after the last kill: skip this stage
-                    self.skipped += 1
-                    logger.info("stage %s: no replica killed this period: %s", span, error)
-                    continue
-                os.kill(chooser.choice(infos)["pid"], signal.SIGKILL)
-                self.kills += 1
-                self.last_kill_at = time.monotonic()
-                self.killed.append((self.last_kill_at, f"{span[0]}-{span[1]}"))
+        try:
+            infos = ray.get([actor.info.remote() for actor in actors], timeout=5)
+        except Exception as error:
+            self.skipped += 1
+            logger.info("stage %s: not killing now, a replica is not serving: %s", span, error)
+            return False
+        os.kill(chooser.choice(infos)["pid"], signal.SIGKILL)
+        self.kills += 1
+        self.last_kill_at = time.monotonic()
+        self.killed.append((self.last_kill_at, f"{span[0]}-{span[1]}"))
+        return True
 
     def _watch_loop(self) -> None:
         import ray
