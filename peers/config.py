@@ -24,7 +24,8 @@ class LimitsConfig:
     """What one client may take of a peer. Defaults leave room for a busy honest client (a generation step is one
     request; a replay of 1,024 tokens is one more) and stop one that would starve the others."""
 
-    sessions_per_client: int = 16  # inference sessions one client may hold open on this peer at once
+    # inference sessions one client may hold open on this peer at once, or more: a fair share of max_sessions
+    sessions_per_client: int = 16
     requests_per_s: float = 500.0  # sustained per client: RPCs plus inference steps (token-bucket refill rate)
     request_burst: int = 1000  # per client: requests allowed at once above the sustained rate (bucket size)
     session_tokens: int = 1 << 20  # batch x new tokens one session may run, replays and rollbacks included

@@ -137,10 +137,18 @@ class RecentIds:
 
 class Admission:
     """Per-client bookkeeping: a token bucket of requests and a count of open sessions. Thread-safe; the clock is
-    injectable for tests."""
+    injectable for tests.
 
-    def __init__(self, config: LimitsConfig, clock: Callable[[], float] = time.monotonic) -> None:
-        self.config, self.clock = config, clock
+    A client may hold `sessions_per_client` sessions, or more while the peer has room for them: a fair share of
+    `max_sessions` (the peer's own limit) among the clients holding sessions plus one, which leaves room for a
+    newcomer while the others keep to their shares. One API replica serving 256 concurrent requests is one client:
+    alone on a peer of 1,024 sessions it may hold 512, and beside two others 256."""
+
+    def __init__(
+        self, config: LimitsConfig, clock: Callable[[], float] = time.monotonic, max_sessions: int | None = None
+    ) -> None:
+        """`max_sessions`: the peer's limit on open sessions; None: every client gets `sessions_per_client`."""
+        self.config, self.clock, self.max_sessions = config, clock, max_sessions
         self._buckets: dict[str, _Bucket] = {}
         self._sessions: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -175,9 +183,8 @@ class Admission:
         Raises:
             LimitExceeded: "sessions_per_client", when the client already holds its maximum.
         """
-        limit = self.config.sessions_per_client
         with self._lock:
-            held = self._sessions[client]
+            held, limit = self._sessions[client], self._session_limit(client)
             if held >= limit:
                 raise LimitExceeded("sessions_per_client", f"client {client} holds {held} of {limit} sessions")
             self._sessions[client] += 1
@@ -188,6 +195,13 @@ class Admission:
                 self._sessions[client] -= 1
                 if self._sessions[client] <= 0:
                     del self._sessions[client]
+
+    def _session_limit(self, client: str) -> int:
+        """How many sessions `client` may hold now (the class docstring). Under the lock."""
+        if self.max_sessions is None:
+            return self.config.sessions_per_client
+        others = len(self._sessions) - (client in self._sessions)
+        return max(self.config.sessions_per_client, self.max_sessions // (others + 2))
 
     def open_sessions(self, client: str) -> int:
         with self._lock:

@@ -69,7 +69,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
     def __init__(self, backend: TaskRunner, engine: Engine, config: ServiceConfig, metrics: PeerMetrics) -> None:
         self.backend, self.engine, self.config = backend, engine, config
         self.metrics = metrics
-        self.admission = Admission(config.limits)
+        self.admission = Admission(config.limits, max_sessions=config.max_sessions)
         self.state: int = pb.PEER_STATE_JOINING
         self.inboxes = Inboxes()
         self.pusher = Pusher(config.max_message_bytes, config.credentials)

@@ -25,9 +25,10 @@ from swarm.config import ClientConfig
 from swarm.security import SwarmCredentials
 
 DEFAULT_MAX_TOKENS = 512  # when a request does not say: a session reserves prompt + max_tokens of KV on each peer
-# Sessions the API holds on a model's peers at once; later requests wait their turn here. Peers admit 16 sessions
-# per client by default (peers/limits.py), and to a peer the whole API is one client.
-DEFAULT_MAX_SESSIONS = 16
+# Sessions the API holds on a model's peers at once; later requests wait their turn here. To a peer the whole API is
+# one client, admitted to a fair share of the peer's sessions (peers/limits.py: 512 of 1,024 when alone); a session
+# a full peer refuses waits for room rather than failing (swarm/client/session.py).
+DEFAULT_MAX_SESSIONS = 128
 
 
 @dataclass

@@ -37,9 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-sessions",
         type=at_least(1),
-        default=16,
-        help="sessions each replica holds on a model's peers at once; more requests wait their turn (peers admit "
-        "16 per client by default, and the API is one client)",
+        default=128,
+        help="sessions each replica holds on a model's peers at once; more requests wait their turn (the API is "
+        "one client to a peer, admitted to a fair share of its sessions; a full peer's refusals wait for room)",
     )
     parser.add_argument("--ray-address", help="deploy on this Ray cluster (default: start a local Ray)")
     parser.add_argument(

@@ -24,6 +24,13 @@ class ClientMetrics:
             "swarm_client_failovers", "Inference hops replaced after a peer failed", ["model"], **labels
         ).labels(model=model)
         self.failovers.inc(0)
+        self.waits_for_room = Counter(
+            "swarm_client_waits_for_room",
+            "Inference hops re-routed because their peer was full (Overloaded): not failovers",
+            ["model"],
+            **labels,
+        ).labels(model=model)
+        self.waits_for_room.inc(0)
         retries = Counter(
             "swarm_client_retries", "Forward/backward calls retried on another peer", ["model", "rpc"], **labels
         )

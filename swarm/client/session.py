@@ -106,7 +106,9 @@ class InferenceSession:
         self.position = 0
         self._length = 0  # the hops' cache length: above `position` after a rollback, until the next step
         self._step_id = 0
-        self.failovers = 0
+        self.failovers = 0  # hops replaced after a failure
+        self.waits_for_room = 0  # hops re-routed after an Overloaded peer (alive, full): not failures
+        self._full_since: float | None = None  # when the step being run first found a peer full
         self._verifier: Verifier | None = None
         self._hops = self._open(need, inputs=[])
 
@@ -177,6 +179,12 @@ class InferenceSession:
             staged.append((state, hidden))
             self.router.bans.forgive(state.hop.peer_id)
             hidden, index, must_send, since = output, index + 1, not pushed, time.monotonic()
+        self._record(staged, hypo, hidden.shape[1])
+        self.metrics.step_latency.observe(time.perf_counter() - started)
+        return hidden
+
+    def _record(self, staged: list[tuple[_HopState, torch.Tensor]], hypo: tuple[int, ...], tokens: int) -> None:
+        """A step went through every hop: keep each hop's input (its replay history) and move on by `tokens`."""
         for state, inputs in staged:
             if hypo:
                 state.inputs = [piece[list(hypo)] for piece in state.inputs]
@@ -184,9 +192,8 @@ class InferenceSession:
         if hypo and self._verifier is not None:  # the shadows' caches follow the old rows: they start over
             for state in self._hops:
                 self._verifier.forget(state.hop)
-        self.position = self._length = self.position + hidden.shape[1]
-        self.metrics.step_latency.observe(time.perf_counter() - started)
-        return hidden
+        self.position = self._length = self.position + tokens
+        self._full_since = None
 
     def _checked_hypo_ids(self, hypo_ids: Sequence[int] | None) -> tuple[int, ...]:
         """hypo_ids as sent: () when absent or the identity (nothing moves)."""
@@ -239,21 +246,21 @@ class InferenceSession:
         """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing."""
         failed = self._hops.pop(index)
         failed.session.close()
-        if self.stubs is not None:  # whatever failed, the next session to that address starts a new connection
+        full = isinstance(error, Overloaded)  # alive and answering: its connection is fine
+        if self.stubs is not None and not full:  # the next session to that address starts a new connection
             self.stubs.forget(failed.hop.address)
         if self._verifier is not None:
             self._verifier.forget(failed.hop)
         self.router.release((failed.hop,), self._tokens)
         culprit = failed.hop.peer_id
         while True:
-            self.failovers += 1
-            self.metrics.failovers.inc()
-            if isinstance(error, InvalidOutput):
-                self.metrics.bad_outputs[error.check].inc()
-            if self.failovers > self.max_failovers:
-                raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
+            if isinstance(error, Overloaded):
+                self._count_wait_for_room(error)
+            else:
+                self._count_failover(error)
             backoff = self.router.bans.penalize(culprit, error)  # a pause or a ban: swarm/router/bans.py decides
-            logger.warning("peer=%s failed (%s); avoided for %.1f s, rerouting", culprit, error, backoff)
+            level = logging.INFO if isinstance(error, Overloaded) else logging.WARNING
+            logger.log(level, "peer=%s failed (%s); avoided for %.1f s, rerouting", culprit, error, backoff)
             try:
                 # The background view first (a DHT read costs a frozen peer's session time); re-read only if it
                 # leaves the span uncovered (_choose), e.g. when the failed peer was its only server.
@@ -267,6 +274,26 @@ class InferenceSession:
             for state in self._hops[index + len(replacement) :]:
                 state.session.fence()
             return
+
+    def _count_failover(self, error: SwarmError) -> None:
+        self.failovers += 1
+        self.metrics.failovers.inc()
+        if isinstance(error, InvalidOutput):
+            self.metrics.bad_outputs[error.check].inc()
+        if self.failovers > self.max_failovers:
+            raise PeerUnavailable(f"gave up after {self.max_failovers} failovers; last: {error}") from error
+
+    def _count_wait_for_room(self, error: Overloaded) -> None:
+        """A full peer (its KV pages, its sessions, this client's share of them) is alive: the session steps aside
+        and comes back, on another replica or on the same one once it has room, without counting a failover. A
+        client with more sessions than the swarm has room for queues them here instead of failing them; only
+        `wait_s` of finding no room fails the session."""
+        self.waits_for_room += 1
+        self.metrics.waits_for_room.inc()
+        if self._full_since is None:
+            self._full_since = time.monotonic()
+        elif time.monotonic() - self._full_since > self.wait_s:
+            raise Overloaded(f"no room for the session within {self.wait_s:g} s; last: {error}") from error
 
     @property
     def _tokens(self) -> int:

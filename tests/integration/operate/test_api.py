@@ -137,8 +137,8 @@ def test_penalties_change_a_repetitive_answer(client: openai.OpenAI) -> None:
 
 
 def test_a_burst_beyond_the_peers_session_limit_waits_its_turn(client: openai.OpenAI) -> None:
-    """24 requests at once: the API holds 16 sessions (what peers admit per client) and queues the rest, so none
-    is refused by a peer's limit."""
+    """24 requests at once, more than a peer's sessions_per_client (16): the API is one client to the peers,
+    admitted to a fair share of their sessions, and a session a peer refuses waits for room, so none fails."""
 
     def ask(_: int) -> str:
         answer = client.completions.create(model=MODEL, prompt="Count: one, two,", max_tokens=2, temperature=0)

@@ -32,7 +32,7 @@ def chain() -> Iterator[list[PeerServer]]:
 @pytest.fixture(scope="module")
 def strict() -> Iterator[PeerServer]:
     limits = LimitsConfig(sessions_per_client=4, requests_per_s=10_000, request_burst=10_000)
-    with tiny_peers([(0, 4)], open_timeout_s=0.5, limits=limits) as [server]:
+    with tiny_peers([(0, 4)], open_timeout_s=0.5, limits=limits, max_sessions=8) as [server]:  # share: 8 // 2
         yield server
 
 

@@ -44,7 +44,7 @@ def test_32_concurrent_sessions_against_one_peer(peer, capsys) -> None:
     assert process.is_running()
 
 
-@pytest.mark.parametrize("peer", [()], indirect=True)  # the defaults: 16 sessions per client
+@pytest.mark.parametrize("peer", [("--max-sessions", "32")], indirect=True)  # a client's fair share: 32 // 2
 def test_sessions_past_the_limit_are_refused_and_the_others_served(peer) -> None:
     address, process = peer
     config = dataclasses.replace(LoadConfig(), new_tokens=8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from contextlib import ExitStack
 
 import pytest
 
@@ -87,6 +88,33 @@ def test_session_slots_per_client_are_given_back() -> None:
     with pytest.raises(RuntimeError), admission.session("a"):
         raise RuntimeError("the session failed")
     assert admission.open_sessions("a") == 0
+
+
+def test_a_client_may_hold_a_fair_share_of_the_peers_sessions() -> None:
+    """Above sessions_per_client while the peer has room: max_sessions // (clients holding sessions + 1)."""
+    admission = Admission(LimitsConfig(sessions_per_client=2), max_sessions=12)
+    with ExitStack() as held:
+        for _ in range(6):  # alone: 12 // 2
+            held.enter_context(admission.session("api"))
+        with pytest.raises(LimitExceeded, match=r"holds 6 of 6"), admission.session("api"):
+            pass
+        for _ in range(4):  # beside one other: 12 // 3
+            held.enter_context(admission.session("newcomer"))
+        with pytest.raises(LimitExceeded, match=r"holds 4 of 4"), admission.session("newcomer"):
+            pass
+        for _ in range(2):  # beside two others: 12 // 4 = 3, but never below sessions_per_client
+            held.enter_context(admission.session("third"))
+        assert admission.open_sessions("third") == 2
+    assert admission.open_sessions("api") == 0
+
+
+def test_the_share_never_goes_below_sessions_per_client() -> None:
+    admission = Admission(LimitsConfig(sessions_per_client=3), max_sessions=4)
+    with ExitStack() as held:
+        for _ in range(3):  # 4 // 2 = 2 is the share; sessions_per_client wins
+            held.enter_context(admission.session("a"))
+        with pytest.raises(LimitExceeded, match=r"holds 3 of 3"), admission.session("a"):
+            pass
 
 
 def test_session_tokens_include_every_step() -> None:
