@@ -72,6 +72,7 @@ class Engine(SessionPages):
         self.alive = True  # False once the loop has ended (shut down, or died)
         self._running: set[int] = set()  # ids of the sessions the current iteration computes on
         self._parked: list[EngineSession] = []  # closed during that iteration: pages go back once it is over
+        self._planned: set[str] = set()  # sessions the iteration being planned gives pages to (engine_pages.py)
         self.meters = {kind: RateMeter() for kind in TaskKind}  # INFERENCE: iterations per second of busy time
         self.batch_size = MovingAverage()  # sequences per inference iteration
         self.tokens_total = {kind: 0 for kind in TaskKind}  # tokens computed since start, for Prometheus counters
@@ -97,9 +98,16 @@ class Engine(SessionPages):
             return len(self._tasks) + sum(s.pending is not None for s in self._sessions.values())
 
     def open(
-        self, session_id: str, blocks: range, batch_size: int, max_length: int, adapter: LoraWeights | None = None
+        self,
+        session_id: str,
+        blocks: range,
+        batch_size: int,
+        max_length: int,
+        adapter: LoraWeights | None = None,
+        client: str = "",
     ) -> None:
         """Register a session (its rows run with `adapter`'s deltas, if any); it holds no page until its tokens arrive.
+        `client`: who opened it; when pages run out, a client holding more than its share gives them back first.
 
         Raises:
             InvalidRequest: the id is empty or already open, or the session has more rows than one iteration
@@ -124,7 +132,9 @@ class Engine(SessionPages):
             if session_id in self._sessions:
                 raise InvalidRequest(f"session {session_id!r} is already open on this peer")
             sequences = [Sequence() for _ in range(batch_size)]
-            session = EngineSession(session_id, blocks, max_length, sequences, self.clock(), adapter=adapter)
+            session = EngineSession(
+                session_id, blocks, max_length, sequences, self.clock(), adapter=adapter, client=client
+            )
             self._sessions[session_id] = session
 
     def step(self, session_id: str, hidden: torch.Tensor, position: int, hypo_ids: list[int] | None = None) -> Future:

@@ -5,6 +5,7 @@ method runs under the engine's lock, in its loop (or, for `_release`, in `close`
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable
 
 from peers.engine_records import EngineConfig, EngineSession, Step, admission_order
@@ -30,6 +31,7 @@ class SessionPages:
     _admissions: itertools.count
     _running: set[int]  # ids of the sessions the current iteration computes on
     _parked: list[EngineSession]  # closed during that iteration: their pages go back once it is over
+    _planned: set[str]  # ids of the sessions the iteration being planned gives pages to
 
     def _plan(self) -> tuple[list[Chunk], list[Lost]]:
         """This iteration's chunks, with pages taken for them. Under the lock."""
@@ -40,6 +42,7 @@ class SessionPages:
         ]
         chunks = plan_iteration(ready, self.config.max_batch_tokens)
         planned, lost = [], []
+        self._planned = set()  # sessions given pages for this iteration: no one preempts them until it has run
         # Pages go to the oldest sessions first: when they run out, the newest give theirs back.
         chunks.sort(key=lambda c: admission_order(c.key.session))
         for chunk in chunks:
@@ -58,6 +61,8 @@ class SessionPages:
                 # next tokens still find room: a long prompt admitted on its first chunk would preempt others later.
                 whole = self._pages_needed(session, step.position + step.hidden.shape[1])
                 if whole and whole + self._pages_for_next_tokens() > self.pool.pages_free:
+                    lost.extend(self._preempt(self._over_share(session, whole), whole + self._pages_for_next_tokens()))
+                if whole and whole + self._pages_for_next_tokens() > self.pool.pages_free:
                     lost.append(self._refuse(session, whole))
                     continue
                 session.admitted = next(self._admissions)
@@ -68,6 +73,7 @@ class SessionPages:
             for sequence in session.sequences:
                 sequence.grow(self.pool, length)
             planned.append(chunk)
+            self._planned.add(session.session_id)
         return planned, lost
 
     def _pages_needed(self, session: EngineSession, length: int) -> int:
@@ -100,31 +106,55 @@ class SessionPages:
         )
 
     def _preempt_for(self, session: EngineSession, needed: int) -> list[Lost]:
-        """Preempt the sessions admitted after `session` that hold pages, newest first, then `session` itself, until
-        `needed` pages are free. A session holding no page (never admitted, or rolled back to nothing) frees none:
+        """Preempt sessions until `needed` pages are free: first those of clients holding more than their share of
+        the pool (`_over_share`), then the sessions admitted after `session` that hold pages, newest first, then
+        `session` itself. A session holding no page (never admitted, or rolled back to nothing) frees none:
         dropping it would cost its client a replay for nothing."""
-        victims: list[Lost] = []
-        candidates = sorted(
-            (
-                s
-                for s in self._sessions.values()
-                if admission_order(s) > admission_order(session) and any(seq.pages for seq in s.sequences)
-            ),
+        newer = sorted(
+            (s for s in self._sessions.values() if admission_order(s) > admission_order(session) and s.pages_held),
             key=admission_order,
             reverse=True,
         )
-        for victim in [*candidates, session]:
+        return self._preempt([*self._over_share(session, needed), *newer, session], needed)
+
+    def _over_share(self, session: EngineSession, needed: int) -> list[EngineSession]:
+        """The sessions that give pages back to `session` first: when its client, `needed` pages more, stays within
+        its fair share of the pool (the pages over the clients holding any, itself counted), those of clients
+        holding more than that share, newest first, as many as bring each down to it. One client alone, or one
+        over its share itself, preempts no one this way (the admission order decides, as before)."""
+        held: Counter[str] = Counter()
+        for other in self._sessions.values():
+            held[other.client] += other.pages_held
+        clients = {client for client, pages in held.items() if pages} | {session.client}
+        share = self.pool.pages_total // len(clients)
+        if len(clients) < 2 or held[session.client] + needed > share:
+            return []
+        chosen = []
+        for other in sorted(self._sessions.values(), key=admission_order, reverse=True):
+            if other.session_id in self._planned:
+                continue
+            if other.client != session.client and other.pages_held and held[other.client] > share:
+                chosen.append(other)
+                held[other.client] -= other.pages_held
+        return chosen
+
+    def _preempt(self, victims: list[EngineSession], needed: int) -> list[Lost]:
+        """Drop `victims` in order (each once) until `needed` pages are free."""
+        lost: list[Lost] = []
+        for victim in victims:
             if needed <= self.pool.pages_free:
                 break
+            if victim.session_id not in self._sessions or self._sessions[victim.session_id] is not victim:
+                continue  # dropped a moment ago
             error = Overloaded(
                 f"session preempted: this peer's KV cache ran out of pages ({self.pool.pages_total} pages of "
                 f"{self.pool.page_size} tokens); replay it here later or on another peer"
             )
-            victims.append(self._drop(victim, error))
+            lost.append(self._drop(victim, error))
             self.preemptions += 1
             if self.metrics is not None:
                 self.metrics.preemptions.inc()
-        return victims
+        return lost
 
     def _refuse(self, session: EngineSession, needed: int) -> Lost:
         error = Overloaded(

@@ -44,6 +44,11 @@ class EngineSession:
     admitted: int | None = None  # admission order, given by its first step; None until then
     pending: Step | None = None
     adapter: LoraWeights | None = None  # a served adapter its rows run with (peers/served_adapters.py)
+    client: str = ""  # who opened it (peers/limits.py client_key): pages are shared fairly between clients
+
+    @property
+    def pages_held(self) -> int:
+        return sum(len(sequence.pages) for sequence in self.sequences)
 
     @property
     def length(self) -> int:

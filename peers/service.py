@@ -181,7 +181,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         client = client_key(context)
         self.admission.request(client)  # counted once its `open` arrives (the wrapper leaves Inference alone)
         with self.admission.session(client) as budget:
-            session_id, choice = self.open_session(opening.open)
+            session_id, choice = self.open_session(opening.open, client)
             inbox = Inbox(requests, opening.open.push_token)
             self.inboxes.add(session_id, inbox)
             try:
@@ -226,7 +226,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         self.inboxes.fail(session_id, error)
         self.streams.fail(session_id, error)
 
-    def open_session(self, opening: pb.InferenceOpen) -> tuple[str, pb.CodecChoice]:
+    def open_session(self, opening: pb.InferenceOpen, client: str = "") -> tuple[str, pb.CodecChoice]:
         check_version(opening.protocol_version)
         if self.state != pb.PEER_STATE_ONLINE:
             raise PeerUnavailable(f"peer is {STATE_NAMES.get(self.state, self.state)} and opens no new sessions")
@@ -242,7 +242,7 @@ class PeerService(AdapterRpcs, pb_grpc.PeerServicer):
         if self.engine.open_sessions >= self.config.max_sessions:
             raise Overloaded(f"peer holds its maximum of {self.config.max_sessions} open sessions")
         adapter = self.served.get(opening.adapter, blocks) if opening.adapter else None
-        self.engine.open(opening.session_id, blocks, opening.batch_size, opening.max_length, adapter)
+        self.engine.open(opening.session_id, blocks, opening.batch_size, opening.max_length, adapter, client)
         return opening.session_id, choice
 
     async def _serve_steps(

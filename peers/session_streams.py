@@ -58,7 +58,7 @@ class StreamHost(Protocol):
     @property
     def config(self) -> StreamSettings: ...
 
-    def open_session(self, opening: pb.InferenceOpen) -> tuple[str, pb.CodecChoice]: ...
+    def open_session(self, opening: pb.InferenceOpen, client: str = "") -> tuple[str, pb.CodecChoice]: ...
 
     def encode_output(self, tensor: torch.Tensor, choice: pb.CodecChoice) -> pb.Tensor: ...
 
@@ -166,7 +166,7 @@ class SessionStream:
                 self._drop(existing)  # a SessionError means the peer forgot the session: the old one goes too
                 raise InvalidRequest(f"session {session_id!r} is already open on this stream")
             budget = slot.enter_context(self.host.admission.session(self.client))
-            _, choice = self.host.open_session(opening)
+            _, choice = self.host.open_session(opening, self.client)
         except Exception as error:
             slot.close()
             self._error(session_id, 0, error)

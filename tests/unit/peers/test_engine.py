@@ -216,6 +216,42 @@ def test_when_pages_run_out_the_newest_session_is_preempted_and_new_ones_are_ref
         engine.shutdown(5)
 
 
+def test_a_client_over_its_share_of_pages_gives_them_back_to_one_within_its_share(tiny_span: BlockSpan) -> None:
+    """8 pages, 2 clients: a share is 4. The hog's newest session is preempted for the newcomer's first step, older
+    though the hog's sessions are; while the hog keeps to its share, the newcomer is refused instead."""
+    engine = make_engine(tiny_span, pages=8)
+    lost: list[tuple[str, Exception]] = []
+    engine.on_lost = lambda session_id, error: lost.append((session_id, error))
+    try:
+        for name in ("h1", "h2", "h3"):
+            engine.open(name, range(0, 4), 1, max_length=96, client="hog")
+            engine.step(name, torch.randn(1, 32, HIDDEN), 0).result(10)  # 2 pages each: 6 of 8
+        for name in ("f1", "f2"):
+            engine.open(name, range(0, 4), 1, max_length=96, client="newcomer")
+        engine.step("f1", torch.randn(1, 32, HIDDEN), 0).result(10)  # 2 pages: the hog is 2 over its share of 4
+        assert wait_for(lambda: [name for name, _ in lost] == ["h3"]) and engine.preemptions == 1
+        assert isinstance(lost[0][1], Overloaded) and "preempted" in str(lost[0][1])
+        with pytest.raises(Overloaded, match="first step needs 2 pages"):  # the hog holds its share: no one gives
+            engine.step("f2", torch.randn(1, 32, HIDDEN), 0).result(10)
+        assert engine.preemptions == 1 and engine.pool.pages_used == 6
+    finally:
+        engine.shutdown(5)
+
+
+def test_a_client_alone_preempts_by_admission_order_only(tiny_span: BlockSpan) -> None:
+    engine = make_engine(tiny_span, pages=6)
+    try:
+        for name in ("a", "b", "c"):
+            engine.open(name, range(0, 4), 1, max_length=96, client="api")
+        engine.step("a", torch.randn(1, 32, HIDDEN), 0).result(10)
+        engine.step("b", torch.randn(1, 32, HIDDEN), 0).result(10)
+        with pytest.raises(Overloaded, match="first step needs 2 pages"):
+            engine.step("c", torch.randn(1, 32, HIDDEN), 0).result(10)
+        assert engine.preemptions == 0
+    finally:
+        engine.shutdown(5)
+
+
 def test_a_session_idle_past_the_limit_is_closed_and_its_pages_returned(tiny_span: BlockSpan) -> None:
     clock = Clock()
     engine = make_engine(tiny_span, pages=64, clock=clock)
