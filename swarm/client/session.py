@@ -34,6 +34,7 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.router import Router, serving
+from swarm.router.bans import answered_alive
 from swarm.security import SwarmCredentials
 from swarm.types import Hop, PeerInfo, Route, Span
 
@@ -246,8 +247,7 @@ class InferenceSession:
         """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing."""
         failed = self._hops.pop(index)
         failed.session.close()
-        full = isinstance(error, Overloaded)  # alive and answering: its connection is fine
-        if self.stubs is not None and not full:  # the next session to that address starts a new connection
+        if self.stubs is not None and not answered_alive(error):  # the next session there gets a new connection
             self.stubs.forget(failed.hop.address)
         if self._verifier is not None:
             self._verifier.forget(failed.hop)

@@ -18,6 +18,12 @@ from swarm.errors import Overloaded, SessionLost, SwarmError, WrongSpan
 STEP_ASIDE_S = 2.0
 
 
+def answered_alive(error: SwarmError) -> bool:
+    """The peer answered, alive, and only could not take the work (full, moved to other blocks, our session
+    closed): it did nothing wrong, and its connection is fine."""
+    return isinstance(error, Overloaded | WrongSpan | SessionLost)
+
+
 @dataclass(slots=True)
 class _Ban:
     until: float
@@ -51,7 +57,7 @@ class Bans:
     def penalize(self, peer_id: str, error: SwarmError) -> float:
         """Avoid `peer_id` after it failed with `error`: a pause of STEP_ASIDE_S where the peer is alive and only
         could not take the work, else a ban with backoff. Returns how long it is avoided for."""
-        if isinstance(error, Overloaded | WrongSpan | SessionLost):
+        if answered_alive(error):
             return self.pause(peer_id, STEP_ASIDE_S)
         return self.ban(peer_id)
 
