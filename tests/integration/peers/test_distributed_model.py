@@ -204,6 +204,24 @@ def test_concurrent_generate_calls_on_one_model_equal_each_call_alone(model, ref
         assert got.shape == expected.shape and torch.equal(got, expected), (prompt, tokenizer.decode(got[0]))
 
 
+def test_concurrent_sampled_generations_equal_the_same_seed_alone(model, reference) -> None:
+    """16 threads sample (temperature 0.9, top-p 0.95), each with its own seeded generator: their rows share the
+    peers' iterations and the client's LM head, and each thread's tokens equal its seed's run alone."""
+    _, tokenizer = reference
+    prompts = [tokenizer(prompt, return_tensors="pt").input_ids for prompt in THREAD_PROMPTS[:16]]
+
+    def sample(number: int) -> torch.Tensor:
+        options = {"do_sample": True, "temperature": 0.9, "top_p": 0.95, "max_new_tokens": THREAD_TOKENS}
+        return model.generate(prompts[number], generator=torch.Generator().manual_seed(number), **options)
+
+    alone = [sample(number) for number in range(len(prompts))]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(sample, range(len(prompts))))
+    assert len({tuple(t[0, -THREAD_TOKENS:].tolist()) for t in alone}) > 1  # they did sample
+    for prompt, expected, got in zip(THREAD_PROMPTS, alone, together, strict=False):
+        assert torch.equal(got, expected), (prompt, tokenizer.decode(got[0]), tokenizer.decode(expected[0]))
+
+
 def test_a_threads_inference_session_is_not_used_by_another_threads_generate(model, reference) -> None:
     _, tokenizer = reference
     first = tokenizer("Bridges are built", return_tensors="pt").input_ids
