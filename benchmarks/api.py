@@ -4,10 +4,10 @@ through the Python client, over one local swarm of 2 peers, in the same run.
 Run: `python -m benchmarks.api --model .cache/models/smollm2-135m [--concurrency 1 8 32] [--new-tokens 64]`.
 A local Ray, a DHT and 2 peers ([0, 15), [15, 30)) as `swarm up` starts them; the API app deployed on that Ray
 (one replica). Each level runs N streaming chat requests at once (threads, the official `openai` client), greedy,
-`ignore_eos` so that each yields exactly `new_tokens` tokens. The baseline runs 8 threads of
+`ignore_eos` so that each yields exactly `new_tokens` tokens. The baseline runs N threads of
 DistributedModelForCausalLM.generate on the same rendered prompt, in this process, before and after the API's
-level 8 (the mean of both is the figure). Prints one JSON object: per level, TTFT p50/p95, per-token p50/p95
-(ms) and aggregate tokens/s; at the top, http_vs_client_8 = the API's aggregate tokens/s at 8 / the client's.
+level N (the mean of both is the figure). Prints one JSON object: per level, TTFT p50/p95, per-token p50/p95
+(ms) and aggregate tokens/s; at the top, http_vs_client_N = the API's aggregate tokens/s at N / the client's.
 """
 
 from __future__ import annotations
@@ -113,6 +113,14 @@ def run_level(target, args: tuple, concurrency: int) -> dict:
     return level.summary(time.perf_counter() - started)
 
 
+def _compare(base_url: str, model, prompt: torch.Tensor, new_tokens: int, concurrency: int) -> tuple[dict, list]:
+    """The API's level, between two runs of the Python client at the same concurrency (the machine drifts)."""
+    before = run_level(_through_client, (model, prompt, new_tokens), concurrency)
+    api = run_level(_through_api, (base_url, new_tokens), concurrency)
+    after = run_level(_through_client, (model, prompt, new_tokens), concurrency)
+    return api, [before, after]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
@@ -143,15 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_level(_through_api, (base_url, 4), 2)  # warm-up: the replica's first requests, the peers' caches
         results: dict = {"new_tokens": ns.new_tokens, "api": {}, "client": {}}
-        client_runs = [run_level(_through_client, (model, prompt, ns.new_tokens), 8)]
         for concurrency in ns.concurrency:
-            results["api"][str(concurrency)] = run_level(_through_api, (base_url, ns.new_tokens), concurrency)
-            if concurrency == 8:
-                client_runs.append(run_level(_through_client, (model, prompt, ns.new_tokens), 8))
-        results["client"]["8"] = client_runs
-        client_8 = statistics.mean(run["tokens_per_s"] for run in client_runs)
-        if "8" in results["api"]:
-            results["http_vs_client_8"] = round(results["api"]["8"]["tokens_per_s"] / client_8, 3)
+            api, client = _compare(base_url, model, prompt, ns.new_tokens, concurrency)
+            results["api"][str(concurrency)], results["client"][str(concurrency)] = api, client
+            both = [run["tokens_per_s"] for run in client]
+            results[f"http_vs_client_{concurrency}"] = round(api["tokens_per_s"] / statistics.mean(both), 3)
         print(json.dumps(results, indent=1))
     finally:
         model.close()
