@@ -20,7 +20,7 @@ from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
 from swarm.client.checks import tolerance
 from swarm.client.metrics import ClientMetrics
-from swarm.client.pace import HopPace
+from swarm.client.pace import LATE_FLOOR_S, HopPace
 from swarm.client.span_session import SpanSession
 from swarm.client.verify import Verifier, VerifyPolicy
 from swarm.codec import CodecId
@@ -93,10 +93,12 @@ class InferenceSession:
         compress_min_bytes: int = 0,
         stubs: PeerStubs | None = None,
         adapter: str = "",
+        late_floor_s: float = LATE_FLOOR_S,
     ) -> None:
         """`stubs`: channels shared with the caller's other sessions and RTT pings (a channel per stream without).
         `adapter`: a LoRA adapter served by name; routes (failovers and verification too) use only peers whose
-        records list it, and each peer applies it to this session's rows."""
+        records list it, and each peer applies it to this session's rows. `late_floor_s`: no decode step is late
+        (swarm/client/pace.py) before this; raise it where peers share a crowded machine with their clients."""
         self.router, self.codec, self.credentials, self.adapter = router, codec, credentials, adapter
         self.peers = (lambda fresh: serving(peers(fresh), adapter)) if adapter else peers
         self.compress_min_bytes, self.stubs = compress_min_bytes, stubs
@@ -104,6 +106,7 @@ class InferenceSession:
         self.metrics = metrics or ClientMetrics("")
         self.batch_size, self.max_length = batch_size, max_length
         self.step_timeout_s, self.max_failovers, self.push = step_timeout_s, max_failovers, push
+        self.late_floor_s = late_floor_s
         self.position = 0
         self._length = 0  # the hops' cache length: above `position` after a rollback, until the next step
         self._step_id = 0
@@ -307,7 +310,7 @@ class InferenceSession:
         """
         route = self._choose(need, fresh)
         self.router.acquire(route, self._tokens)
-        states = [_HopState(hop, self._stream(hop), HopPace(self.step_timeout_s)) for hop in route]
+        states = [_HopState(hop, self._stream(hop), HopPace(self.step_timeout_s, self.late_floor_s)) for hop in route]
         state = states[0]
         try:
             history = torch.cat(inputs, dim=1) if inputs else None
