@@ -60,9 +60,11 @@ class SessionPages:
                 # Admitted while its whole first step (not only this chunk of it) fits and the running sequences'
                 # next tokens still find room: a long prompt admitted on its first chunk would preempt others later.
                 whole = self._pages_needed(session, step.position + step.hidden.shape[1])
-                if whole and whole + self._pages_for_next_tokens() > self.pool.pages_free:
-                    lost.extend(self._preempt(self._over_share(session, whole), whole + self._pages_for_next_tokens()))
-                if whole and whole + self._pages_for_next_tokens() > self.pool.pages_free:
+                room = whole + self._pages_for_next_tokens() if whole else 0
+                if room > self.pool.pages_free:  # clients over their share give pages back first, if any
+                    lost.extend(self._preempt(self._over_share(session, whole), room))
+                    room = whole + self._pages_for_next_tokens()
+                if room > self.pool.pages_free:
                     lost.append(self._refuse(session, whole))
                     continue
                 session.admitted = next(self._admissions)
@@ -144,7 +146,7 @@ class SessionPages:
         for victim in victims:
             if needed <= self.pool.pages_free:
                 break
-            if victim.session_id not in self._sessions or self._sessions[victim.session_id] is not victim:
+            if self._sessions.get(victim.session_id) is not victim:
                 continue  # dropped a moment ago
             error = Overloaded(
                 f"session preempted: this peer's KV cache ran out of pages ({self.pool.pages_total} pages of "

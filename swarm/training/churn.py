@@ -128,7 +128,7 @@ class ReplicaChurn:
         chooser = random.Random(self.seed)
         first = self.period_s if self.first_after_s is None else self.first_after_s
         due = {span: time.monotonic() + first for span in self.job.stages}
-        while not self._stop.wait(max(min(min(due.values()) - time.monotonic(), RETRY_S), 0.0)):
+        while not self._stop.wait(max(min(due.values()) - time.monotonic(), 0.0)):
             for span, actors in self.job.stages.items():
                 if self.done_killing:
                     return

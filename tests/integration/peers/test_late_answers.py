@@ -59,14 +59,15 @@ def test_a_late_session_waits_on_while_its_peer_answers_others_on_the_shared_str
                 busy.step(hidden, position, position)
                 time.sleep(0.02)
 
+        answering = threading.Thread(target=keep_busy)
         try:
             quiet_s = seconds_until_given_up(alone)
-            answering = threading.Thread(target=keep_busy)
             answering.start()
             busy_s = seconds_until_given_up(beside_busy)
         finally:
             stop.set()
-            answering.join(timeout=30)
+            if answering.is_alive():
+                answering.join(timeout=30)
             for session in sessions:
                 session.close()
             stubs.close()
