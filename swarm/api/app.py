@@ -18,10 +18,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from swarm.api.errors import api_error_for, invalid, unauthorized
+import swarm
+from swarm.api.errors import ApiError, api_error_for, invalid, unauthorized
 from swarm.api.keys import read_api_keys
-from swarm.api.protocol import ChatCompletionRequest, CompletionRequest
+from swarm.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from swarm.api.service import DEFAULT_MAX_SESSIONS, OpenAIService
 from swarm.registry.addresses import initial_peer_list
 from swarm.security import SwarmCredentials
@@ -37,6 +39,14 @@ async def _api_error(request: Request, error: Exception) -> JSONResponse:
     """Every error in OpenAI's shape: ours by api_error_for's table, anything unexpected as a 500."""
     answer = api_error_for(error)
     return JSONResponse(answer.body(), status_code=answer.status)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    """An unknown route (404) or method (405) in OpenAI's error shape, not the web framework's."""
+    message = f"{request.method} {request.url.path}: {error.detail}"
+    answer = ApiError(error.status_code, message, "invalid_request_error", None, "not_found")
+    return JSONResponse(answer.body(), status_code=answer.status, headers=getattr(error, "headers", None))
 
 
 @app.exception_handler(RequestValidationError)
@@ -118,6 +128,20 @@ class SwarmOpenAI:
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
         self._authorize(request)
         return _respond(await self.service.complete(body))
+
+    @app.post("/tokenize")
+    async def tokenize(self, body: TokenizeRequest, request: Request) -> dict[str, Any]:
+        self._authorize(request)
+        return self.service.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(self, body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+        self._authorize(request)
+        return self.service.detokenize(body)
+
+    @app.get("/version")
+    async def version(self) -> dict[str, Any]:
+        return {"version": swarm.__version__}
 
     def __del__(self) -> None:
         service = getattr(self, "service", None)

@@ -1,7 +1,7 @@
 """OpenAI's request bodies, validated by pydantic, and the response objects built from a finished generation.
 
-Fields OpenAI defines that a swarm cannot honour (logprobs, tools, response_format, ...) are refused with a 400
-naming them rather than silently ignored; unknown fields are ignored, as OpenAI does.
+Fields OpenAI defines that RaySwarm does not implement yet (tools, response_format other than text, suffix) are
+refused with a 400 naming them rather than silently ignored; unknown fields are ignored, as OpenAI does.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from swarm.api.logprobs import MAX_TOP_LOGPROBS
 from swarm.config import MAX_SPECULATIVE_TOKENS
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
@@ -43,9 +44,11 @@ class SamplingRequest(BaseModel):
     # are a client-side option only: a request must not make the server load a path it names.
     speculative: Literal["prompt_lookup"] | None = None
     num_speculative_tokens: int | None = Field(default=None, ge=1, le=MAX_SPECULATIVE_TOKENS)
-    # OpenAI's, refused when set: a swarm does not compute them.
-    logprobs: Any = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    # vLLM's extensions
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
 
     @field_validator("stop")
     @classmethod
@@ -57,10 +60,16 @@ class SamplingRequest(BaseModel):
             raise ValueError("stop sequences must not be empty")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, bias: dict[int, float] | None) -> dict[int, float] | None:
+        if bias and any(not -100 <= value <= 100 for value in bias.values()):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        return bias
+
     def refused_fields(self) -> list[str]:
         """Fields that were given but that RaySwarm does not implement."""
-        refused = [name for name in ("logprobs", "logit_bias") if getattr(self, name) not in (None, False, {})]
-        return refused
+        return []
 
     @property
     def include_usage(self) -> bool:
@@ -72,10 +81,22 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=0)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
-    top_logprobs: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs set to true")
+        return self
+
+    @property
+    def logprobs_top(self) -> int | None:
+        """None: no log-probabilities; k: each token's and its k best alternatives."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def refused_fields(self) -> list[str]:
-        given = [name for name in ("tools", "top_logprobs") if getattr(self, name)]
+        given = [name for name in ("tools",) if getattr(self, name)]
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             given.append("response_format")
         return super().refused_fields() + given
@@ -86,8 +107,10 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int]
+    # One prompt (text or token ids) or several (texts or token-id lists): each gets n choices.
+    prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
     best_of: int | None = None
 
@@ -100,6 +123,38 @@ class CompletionRequest(SamplingRequest):
     @property
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def logprobs_top(self) -> int | None:
+        return self.logprobs
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages rendered through the model's chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None  # the API's first model when not given
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's /detokenize."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int]
 
 
 FinishReason = Literal["stop", "length"]
@@ -118,32 +173,38 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def chat_response(
-    request_id: str, model: str, texts: list[str], reasons: list[FinishReason], counts: dict[str, int], extra: dict
-) -> dict[str, Any]:
+    request_id: str, model: str, texts: list[str], reasons: list[FinishReason], logprobs: list[dict | None],
+    counts: dict[str, int], extra: dict,
+) -> dict[str, Any]:  # fmt: skip
     choices = [
-        {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason, "logprobs": None}
-        for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))
+        {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason, "logprobs": lp}
+        for i, (text, reason, lp) in enumerate(zip(texts, reasons, logprobs, strict=True))
     ]
     return _envelope(request_id, "chat.completion", model, choices) | {"usage": counts, **extra}
 
 
 def text_response(
-    request_id: str, model: str, texts: list[str], reasons: list[FinishReason], counts: dict[str, int], extra: dict
-) -> dict[str, Any]:
+    request_id: str, model: str, texts: list[str], reasons: list[FinishReason], logprobs: list[dict | None],
+    counts: dict[str, int], extra: dict,
+) -> dict[str, Any]:  # fmt: skip
     choices = [
-        {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
-        for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))
+        {"index": i, "text": text, "finish_reason": reason, "logprobs": lp}
+        for i, (text, reason, lp) in enumerate(zip(texts, reasons, logprobs, strict=True))
     ]
     return _envelope(request_id, "text_completion", model, choices) | {"usage": counts, **extra}
 
 
-def chat_chunk(request_id: str, model: str, index: int, delta: dict, reason: FinishReason | None) -> dict[str, Any]:
-    choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}
+def chat_chunk(
+    request_id: str, model: str, index: int, delta: dict, reason: FinishReason | None, logprobs: dict | None = None
+) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
     return _envelope(request_id, "chat.completion.chunk", model, [choice])
 
 
-def text_chunk(request_id: str, model: str, index: int, text: str, reason: FinishReason | None) -> dict[str, Any]:
-    choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+def text_chunk(
+    request_id: str, model: str, index: int, text: str, reason: FinishReason | None, logprobs: dict | None = None
+) -> dict[str, Any]:
+    choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
     return _envelope(request_id, "text_completion", model, [choice])
 
 

@@ -17,14 +17,15 @@ from typing import Any
 
 from swarm.api import protocol
 from swarm.api.errors import api_error_for, invalid, unknown_model
-from swarm.api.generation import Deltas, Failed, Finished, Generation, Sampling, Started
-from swarm.api.protocol import ChatCompletionRequest, CompletionRequest
+from swarm.api.generation import Deltas, Failed, Finished, GenerationGroup, Started
+from swarm.api.logprobs import LogprobsRenderer, TokenLogprob
+from swarm.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from swarm.api.sampling import prompts_ids, sampling_for
 from swarm.client import DistributedModelForCausalLM
 from swarm.client.chat import render_chat
 from swarm.config import ClientConfig
 from swarm.security import SwarmCredentials
 
-DEFAULT_MAX_TOKENS = 512  # when a request does not say: a session reserves prompt + max_tokens of KV on each peer
 # Sessions the API holds on a model's peers at once; later requests wait their turn here. To a peer the whole API is
 # one client, admitted to a fair share of the peer's sessions (peers/limits.py: 512 of 1,024 when alone); a session
 # a full peer refuses waits for room rather than failing (swarm/client/session.py).
@@ -52,6 +53,10 @@ class ServedModel:
         created = int(self.path.stat().st_mtime) if self.path.exists() else 0
         names = [self.name, *(f"{self.name}:{adapter}" for adapter in self.adapters())]
         return [{"id": name, "object": "model", "created": created, "owned_by": "rayswarm"} for name in names]
+
+    @property
+    def vocab(self) -> int:
+        return self.model.head.embed_tokens.num_embeddings
 
     def adapters(self) -> list[str]:
         return sorted({adapter for peer in self.model.view.peers() for adapter in peer.adapters})
@@ -100,13 +105,32 @@ class OpenAIService:
         _refuse(request.refused_fields())
         prompt = render_chat(served.tokenizer, request.messages)
         ids = served.tokenizer(prompt, add_special_tokens=False).input_ids
-        return await self._complete("chat", served, request, ids, request.token_limit)
+        return await self._complete("chat", served, request, [ids], request.token_limit)
 
     async def complete(self, request: CompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
         served = self._model(request.model)
         _refuse(request.refused_fields())
-        ids = _prompt_ids(served, request.prompt)
-        return await self._complete("text", served, request, ids, request.token_limit, echo=request.echo)
+        prompts = prompts_ids(served.tokenizer, served.vocab, request.prompt, request.n)
+        return await self._complete("text", served, request, prompts, request.token_limit, echo=request.echo)
+
+    def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+        """vLLM's /tokenize answer: the token ids (and their texts, if asked), with the model's context length."""
+        served = self._model(request.model or next(iter(self.models)))
+        if request.messages is not None:
+            text, special = render_chat(served.tokenizer, request.messages, request.add_generation_prompt), False
+        else:
+            text, special = request.prompt or "", request.add_special_tokens
+        ids = served.tokenizer(text, add_special_tokens=special).input_ids
+        answer = {"count": len(ids), "max_model_len": served.model.context_length, "tokens": ids}
+        if request.return_token_strs:
+            answer["token_strs"] = served.tokenizer.convert_ids_to_tokens(ids)
+        return answer
+
+    def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+        served = self._model(request.model or next(iter(self.models)))
+        if any(not 0 <= token < served.vocab for token in request.tokens):
+            raise invalid(f"token ids must be in [0, {served.vocab})", param="tokens")
+        return {"prompt": served.tokenizer.decode(request.tokens)}
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -126,19 +150,19 @@ class OpenAIService:
         kind: str,
         served: ServedModel,
         request: protocol.SamplingRequest,
-        ids: list[int],
+        prompts: list[list[int]],
         limit: int | None,
         echo: bool = False,
     ) -> dict[str, Any] | AsyncIterator[str]:
-        sampling = _sampling(request, served, ids, limit)
+        context, vocab = served.model.context_length, served.vocab
+        jobs = [(ids, sampling_for(request, ids, limit, context, vocab, echo)) for ids in prompts]
         slots = self._slots.setdefault(served.name, asyncio.Semaphore(self.max_sessions))
-        await slots.acquire()
-        generation = Generation(served.model, served.tokenizer, ids, sampling)
-        generation.start(self.executor).add_done_callback(lambda _: slots.release())
+        group = GenerationGroup(served.model, served.tokenizer, jobs)
+        group.launch(self.executor, slots)
         try:
-            return await self._answer(kind, served, request, ids, generation, echo)
+            return await self._answer(kind, served, request, prompts, group, echo)
         except BaseException:  # an error, or the client went away (Serve cancels the handler): stop generating
-            generation.cancel()
+            group.cancel()
             raise
 
     async def _answer(
@@ -146,20 +170,20 @@ class OpenAIService:
         kind: str,
         served: ServedModel,
         request: protocol.SamplingRequest,
-        ids: list[int],
-        generation: Generation,
+        prompts: list[list[int]],
+        group: GenerationGroup,
         echo: bool,
     ) -> dict[str, Any] | AsyncIterator[str]:
-        events = generation.events()
+        events = group.events()
         first = await anext(events)
         if isinstance(first, Failed):
             raise api_error_for(first.error)
         assert isinstance(first, Started)
-        reply = _Reply(kind, request.model, request, len(ids), first.route)
+        reply = _Reply(kind, request, prompts, first, served.tokenizer)
         if echo:
-            reply.prefix = served.tokenizer.decode(ids, skip_special_tokens=True)
+            reply.echo(prompts)
         if request.stream:
-            return _EventStream(reply, events, generation)
+            return _EventStream(reply, events, group)
         async for event in events:
             if isinstance(event, Failed):
                 raise api_error_for(event.error)
@@ -168,16 +192,30 @@ class OpenAIService:
 
 
 class _Reply:
-    """Gathers a generation's events into OpenAI's response, or renders them as chunks."""
+    """Gathers a request's events into OpenAI's response, or renders them as chunks."""
 
-    def __init__(self, kind: str, model: str, request: protocol.SamplingRequest, prompt_tokens: int, route: list):
-        self.kind, self.model, self.request, self.prompt_tokens = kind, model, request, prompt_tokens
+    def __init__(
+        self, kind: str, request: protocol.SamplingRequest, prompts: list[list[int]], started: Started, tokenizer: Any
+    ) -> None:
+        self.kind, self.model, self.request, self.tokenizer = kind, request.model, request, tokenizer
         self.id = protocol.completion_id(kind)
-        self.texts = [""] * request.n
-        self.reasons: list[Any] = ["length"] * request.n
-        self.prefix = ""
+        count = len(prompts) * request.n
+        self.prompt_tokens = sum(len(ids) for ids in prompts)
+        self.prompt_of = [prompts[index // request.n] for index in range(count)]
+        self.texts = [""] * count
+        self.reasons: list[Any] = ["length"] * count
+        self.prefixes = [""] * count
+        self.top = request.logprobs_top  # None: no log-probabilities
+        echoed = started.prompt_logprobs  # the prompts' own, when echoed with logprobs
+        self.logprobs: list[list[TokenLogprob | None]] = [list(echoed.get(i, ())) for i in range(count)]
+        self.renderer = LogprobsRenderer(tokenizer)
+        self.offsets = [0] * count  # text_offset of each choice's next streamed token
         self.completion_tokens = 0
-        self.swarm: dict[str, Any] = {"route": route}
+        self.swarm: dict[str, Any] = {"route": started.route}
+
+    def echo(self, prompts: list[list[int]]) -> None:
+        """Each choice's text begins with its prompt (completions' echo)."""
+        self.prefixes = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in self.prompt_of]
 
     def absorb(self, event: Deltas | Finished) -> None:
         if isinstance(event, Deltas):
@@ -185,22 +223,40 @@ class _Reply:
                 self.texts[index] += text
             for index, reason in event.finished.items():
                 self.reasons[index] = reason
+            for index, entries in event.logprobs.items():
+                self.logprobs[index].extend(entries)
         else:
             self.completion_tokens = event.completion_tokens
             self.swarm = {"route": event.route, "token_ms": [round(ms, 2) for ms in event.token_ms]}
 
     def response(self) -> dict[str, Any]:
         counts = protocol.usage(self.prompt_tokens, self.completion_tokens)
-        texts = [self.prefix + text for text in self.texts]
+        texts = [prefix + text for prefix, text in zip(self.prefixes, self.texts, strict=True)]
+        logprobs = [self._logprobs(index, entries) for index, entries in enumerate(self.logprobs)]
         build = protocol.chat_response if self.kind == "chat" else protocol.text_response
-        return build(self.id, self.model, texts, self.reasons, counts, {"swarm": self.swarm})
+        return build(self.id, self.model, texts, self.reasons, logprobs, counts, {"swarm": self.swarm})
+
+    def _logprobs(self, index: int, entries: list[TokenLogprob | None]) -> dict[str, Any] | None:
+        """A choice's logprobs object for `entries` (its next ones, when streaming), or None if not asked for."""
+        if self.top is None:
+            return None
+        if self.kind == "chat":
+            return self.renderer.chat([entry for entry in entries if entry is not None])
+        rendered = self.renderer.completion(entries, self.prompt_of[index], self.offsets[index])
+        self.offsets[index] += sum(len(token) for token in rendered["tokens"])
+        return rendered
 
     def opening_chunks(self) -> list[dict[str, Any]]:
+        indices = range(len(self.texts))
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""}
-            chunks = [protocol.chat_chunk(self.id, self.model, i, delta, None) for i in range(self.request.n)]
-        elif self.prefix:
-            chunks = [protocol.text_chunk(self.id, self.model, i, self.prefix, None) for i in range(self.request.n)]
+            chunks = [protocol.chat_chunk(self.id, self.model, i, delta, None) for i in indices]
+        elif any(self.prefixes):
+            prefix, logprobs = self.prefixes, self.logprobs
+            chunks = [
+                protocol.text_chunk(self.id, self.model, i, prefix[i], None, self._logprobs(i, logprobs[i]))
+                for i in indices
+            ]
         else:
             return []
         chunks[0]["swarm"] = self.swarm
@@ -208,13 +264,14 @@ class _Reply:
 
     def chunks(self, event: Deltas) -> list[dict[str, Any]]:
         chunks = []
-        for index in sorted(set(event.texts) | set(event.finished)):
+        for index in sorted(set(event.texts) | set(event.finished) | set(event.logprobs)):
             text, reason = event.texts.get(index, ""), event.finished.get(index)
+            logprobs = self._logprobs(index, event.logprobs[index]) if index in event.logprobs else None
             if self.kind == "chat":
                 delta = {"content": text} if text else {}
-                chunks.append(protocol.chat_chunk(self.id, self.model, index, delta, reason))
+                chunks.append(protocol.chat_chunk(self.id, self.model, index, delta, reason, logprobs))
             else:
-                chunks.append(protocol.text_chunk(self.id, self.model, index, text, reason))
+                chunks.append(protocol.text_chunk(self.id, self.model, index, text, reason, logprobs))
         return chunks
 
     def closing_chunk(self) -> dict[str, Any]:
@@ -238,8 +295,8 @@ class _EventStream:
     async generator that never started runs no `finally` when closed, so a request cancelled between its answer's
     headers and its first chunk would have gone on generating, holding its slot, up to max_tokens."""
 
-    def __init__(self, reply: _Reply, events: AsyncIterator, generation: Generation) -> None:
-        self.generation = generation
+    def __init__(self, reply: _Reply, events: AsyncIterator, group: GenerationGroup) -> None:
+        self.group = group
         self._chunks = _sse_chunks(reply, events)
 
     def __aiter__(self) -> _EventStream:
@@ -249,11 +306,11 @@ class _EventStream:
         try:
             return await anext(self._chunks)
         except BaseException:  # the end, an error, or the client went away (the task is cancelled)
-            self.generation.cancel()
+            self.group.cancel()
             raise
 
     async def aclose(self) -> None:
-        self.generation.cancel()
+        self.group.cancel()
         await self._chunks.aclose()
 
 
@@ -273,55 +330,6 @@ async def _sse_chunks(reply: _Reply, events: AsyncIterator) -> AsyncIterator[str
 
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
-
-
-def _sampling(request: protocol.SamplingRequest, served: ServedModel, ids: list[int], limit: int | None) -> Sampling:
-    context = served.model.context_length
-    if not ids:
-        raise invalid("the prompt is empty", param="prompt")
-    room = context - len(ids)
-    if room < 1:
-        raise invalid(
-            f"the prompt has {len(ids)} tokens; this model's context is {context}",
-            param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
-            code="context_length_exceeded",
-        )
-    max_new = min(DEFAULT_MAX_TOKENS, room) if limit is None else limit
-    if max_new > room:
-        raise invalid(
-            f"the prompt ({len(ids)} tokens) and max_tokens ({max_new}) exceed this model's context of {context}",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    return Sampling(
-        max_new_tokens=max_new,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=request.top_k,
-        n=request.n,
-        stops=tuple(request.stop or ()),
-        seed=request.seed,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        repetition_penalty=request.repetition_penalty,
-        ignore_eos=request.ignore_eos,
-        speculative=request.speculative,
-        num_speculative_tokens=request.num_speculative_tokens,
-        adapter=request.model.partition(":")[2],
-    )
-
-
-def _prompt_ids(served: ServedModel, prompt: str | list[str] | list[int]) -> list[int]:
-    if isinstance(prompt, list) and prompt and all(isinstance(item, int) for item in prompt):
-        vocab = served.model.head.embed_tokens.num_embeddings
-        if any(not 0 <= token < vocab for token in prompt):
-            raise invalid(f"token ids must be in [0, {vocab})", param="prompt")
-        return list(prompt)
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise invalid("one prompt per request (send the others as their own requests)", param="prompt")
-        prompt = prompt[0]
-    return served.tokenizer(prompt).input_ids
 
 
 def _refuse(fields: list[str]) -> None:

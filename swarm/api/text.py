@@ -17,8 +17,11 @@ REPLACEMENT = "\ufffd"  # what a tokenizer decodes an incomplete UTF-8 sequence 
 class ChoiceText:
     """The text of one choice, fed one token at a time."""
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str], eos_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer: Any, stops: Sequence[str], eos_token_ids: Sequence[int], skip_special_tokens: bool = True
+    ) -> None:
         self.tokenizer, self.stops, self.eos_token_ids = tokenizer, tuple(stops), frozenset(eos_token_ids)
+        self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
         self.text = ""  # the final text so far, cut at a stop sequence once one is found
         self.sent = 0  # characters of `text` already handed out
@@ -36,7 +39,7 @@ class ChoiceText:
         if token_id in self.eos_token_ids:
             self.finish_reason = "stop"
             return self._release(len(self.text))
-        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)
         cut = self._stop_at()
         if cut is not None:
             self.text, self.finish_reason = self.text[:cut], "stop"
@@ -83,3 +86,28 @@ class PenaltyProcessor:
             return scores
         counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
         return scores - self.presence * (counts > 0).to(scores.dtype) - self.frequency * counts
+
+
+class LogitBias:
+    """OpenAI's `logit_bias`: a value in [-100, 100] added to each named token's logit (-100 bans it in effect)."""
+
+    def __init__(self, bias: tuple[tuple[int, float], ...]) -> None:
+        self.ids = torch.tensor([token for token, _ in bias], dtype=torch.long)
+        self.values = torch.tensor([value for _, value in bias])
+
+    def __call__(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores.index_add(1, self.ids, self.values.to(scores.dtype).expand(scores.shape[0], -1))
+
+
+class MinTokens:
+    """vLLM's `min_tokens`: no end-of-sequence or stop token until this many tokens were generated."""
+
+    def __init__(self, prompt_length: int, minimum: int, end_ids: Sequence[int]) -> None:
+        self.prompt_length, self.minimum, self.end_ids = prompt_length, minimum, list(end_ids)
+
+    def __call__(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if ids.shape[1] - self.prompt_length >= self.minimum:
+            return scores
+        scores = scores.clone()
+        scores[:, self.end_ids] = float("-inf")
+        return scores

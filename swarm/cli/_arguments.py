@@ -86,6 +86,13 @@ def add_initial_peers_flag(parser: argparse.ArgumentParser, required: bool = Tru
     )
 
 
+def non_empty(text: str) -> str:
+    """Any text but the empty string (or only whitespace): a prompt of no tokens has nothing to continue."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def speculative(text: str) -> str:
     """ "prompt_lookup" or "draft:PATH" (the draft checkpoint is checked when the command runs); "off": none."""
     if text == "off":

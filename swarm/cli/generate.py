@@ -17,6 +17,7 @@ from swarm.cli._arguments import (
     at_least,
     check_checkpoint_dir,
     in_range,
+    non_empty,
     positive,
     speculative,
 )
@@ -29,7 +30,7 @@ DEFAULT_MODEL = Path(".cache/models/smollm2-135m")
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("generate", help="generate text through a swarm")
-    parser.add_argument("prompt")
+    parser.add_argument("prompt", type=non_empty)
     add_initial_peers_flag(parser)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="checkpoint directory (client part)")
     parser.add_argument("--max-new-tokens", type=at_least(0), default=64)

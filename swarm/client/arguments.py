@@ -20,8 +20,11 @@ LOOP_ARGUMENTS = frozenset(
 )  # fmt: skip
 
 
-def checked_input_ids(input_ids: object, vocab_size: int, argument: str = "input_ids") -> torch.Tensor:
-    """`input_ids` if it is an integer tensor [batch, tokens] of ids in [0, vocab_size)."""
+def checked_input_ids(
+    input_ids: object, vocab_size: int, argument: str = "input_ids", empty_ok: bool = True
+) -> torch.Tensor:
+    """`input_ids` if it is an integer tensor [batch, tokens] of ids in [0, vocab_size), with tokens unless
+    `empty_ok`."""
     if not isinstance(input_ids, torch.Tensor):
         raise InvalidArgument(argument, f"expected a torch.Tensor of token ids, got {type(input_ids).__name__}")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
@@ -32,6 +35,8 @@ def checked_input_ids(input_ids: object, vocab_size: int, argument: str = "input
         )
     if input_ids.shape[0] == 0:
         raise InvalidArgument(argument, "the batch is empty")
+    if input_ids.shape[1] == 0 and not empty_ok:
+        raise InvalidArgument(argument, "no tokens: give at least one token per row (a prompt to continue)")
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
         found = int(input_ids.min()) if int(input_ids.min()) < 0 else int(input_ids.max())
         raise InvalidArgument(argument, f"token id {found} is outside the vocabulary [0, {vocab_size})")

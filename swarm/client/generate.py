@@ -43,8 +43,10 @@ class GenerationParams:
 def logits_processors(
     params: GenerationParams, extra: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = ()
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Hugging Face's own processors for the arguments given, then the caller's (`logits_processor=` of generate),
-    as one function (ids, scores) -> scores."""
+    """The processors for the arguments given, in Hugging Face generate's order, as one function (ids, scores) ->
+    scores: the repetition penalty, then the caller's (`logits_processor=` of generate), then temperature, top-k and
+    top-p. So the caller's last processor sees the scores after every penalty and before any warping: what the
+    OpenAI API reports as log-probabilities (swarm/api/logprobs.py)."""
     from transformers.generation import (
         LogitsProcessorList,
         RepetitionPenaltyLogitsProcessor,
@@ -56,6 +58,7 @@ def logits_processors(
     processors = LogitsProcessorList()
     if params.repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    processors.extend(extra)
     if params.do_sample:
         if params.temperature != 1.0:
             processors.append(TemperatureLogitsWarper(params.temperature))
@@ -63,7 +66,6 @@ def logits_processors(
             processors.append(TopKLogitsWarper(params.top_k))
         if params.top_p < 1.0:
             processors.append(TopPLogitsWarper(params.top_p))
-    processors.extend(extra)
     return processors
 
 
@@ -107,9 +109,9 @@ def decode_loop(
     """Generate after `new_ids` [batch, n]; `history` [batch, m] holds tokens the session already saw (for the
     repetition penalty). `step(ids)` returns next-token logits [batch, vocab] for ids appended to the session.
 
-    `logits_processor` runs after the processors `params` asks for; `stopping_criteria` (Hugging Face's
-    StoppingCriteria, called with every id so far and the scores) ends a sequence when one says so; `generator`
-    draws the samples (a seeded torch.Generator makes sampling repeatable whatever other threads draw).
+    `logits_processor` runs after the repetition penalty and before the sampling warpers; `stopping_criteria`
+    (Hugging Face's StoppingCriteria, called with every id so far and the scores) ends a sequence when one says so;
+    `generator` draws the samples (a seeded torch.Generator makes sampling repeatable whatever other threads draw).
     Returns the generated tokens [batch, <= max_new_tokens]."""
     process = logits_processors(params, logits_processor)
     emit = _Emitter(params, torch.cat([history, new_ids], dim=1), new_ids.shape[0], streamer, stopping_criteria)

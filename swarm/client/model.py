@@ -69,9 +69,8 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         name = config.model_name or Path(path).name
         self.metrics = ClientMetrics(name)
         self._draft_models = DraftModels()  # speculative="draft:PATH" models, loaded on first use
-        self.metrics_address = (
-            "" if config.metrics_port is None else self.metrics.serve(config.dht_host, config.metrics_port)
-        )
+        port = config.metrics_port
+        self.metrics_address = "" if port is None else self.metrics.serve(config.dht_host, port)
         self.view = SwarmView(self.registry, name, self.credentials, config.refresh_s)
         self.router = MinLatencyRouter(rtt_s=self.view.rtt_s, bans=Bans(config.ban_base_s, config.ban_max_s))
         self.blocks = RemoteSequential(
@@ -265,7 +264,8 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 an extension, or a session that another thread is generating in.
         """
         adapter, input_ids = kwargs.pop("adapter", ""), inputs if inputs is not None else kwargs.pop("input_ids", None)
-        input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings)
+        continuing = (session or self.active_session) is not None  # a turn in a session may add no tokens
+        input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings, empty_ok=continuing)
         params = resolved_params(input_ids.shape[1], generation_config or self.generation_config, kwargs)
         speculation = self._speculation(speculative, num_speculative_tokens)
         if session is None and self.active_session is None and generator is None and not (speculation[0] or adapter):

@@ -68,6 +68,13 @@ class ModelSession:
         `count` ids (not all n: the LM head over a long prompt costs as much as a few decoding steps)."""
         return self.model.shared_head.logits(self._append(ids)[:, -count:])
 
+    def each_logits(self, ids: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
+        """Append ids [batch, n] to the session in one step; yields the logits [batch, <= chunk, vocab] after each of
+        them, `chunk` positions at a time (a prompt's log-probabilities without [n, vocab] floats at once)."""
+        hidden = self._append(ids)
+        for start in range(0, hidden.shape[1], chunk):
+            yield self.model.shared_head.logits(hidden[:, start : start + chunk])
+
     def forget(self, count: int) -> None:
         """Roll the session back by its last `count` tokens (rejected drafts); the next step truncates the peers."""
         if count:

@@ -28,6 +28,7 @@ from ..user_process import run_cli
 from .conftest import API_KEY, ORPHAN_MODEL, RunningApi, RunningSwarm
 
 MODEL = "smollm2-135m"
+REPO_MODEL = Path(__file__).resolve().parents[3] / ".cache" / "models" / MODEL
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 UNREACHABLE = "/ip4/127.0.0.1/tcp/1/p2p/QmXnBkqZqU1JmmjUcHHZxQmLkApvz6bDmVdDa2CQRo9Jcn"  # nothing is dialled
 
@@ -165,8 +166,11 @@ def test_every_error_class_in_openai_shape(client: openai.OpenAI, running_api: R
     assert long.status_code == 400 and long.body["code"] == "context_length_exceeded"
     role = _error(lambda: chat(model=MODEL, messages=[{"role": "wizard", "content": "hi"}]))
     assert role.status_code == 400 and role.body["param"] == "messages[0].role"
-    unsupported = _error(lambda: chat(model=MODEL, messages=QUESTION, logit_bias={"1": 5}))
-    assert unsupported.status_code == 400 and unsupported.body["param"] == "logit_bias"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    unsupported = _error(lambda: chat(model=MODEL, messages=QUESTION, tools=[tool]))
+    assert unsupported.status_code == 400 and unsupported.body["param"] == "tools"
+    bias = _error(lambda: chat(model=MODEL, messages=QUESTION, logit_bias={"1": 500}))
+    assert bias.status_code == 400 and bias.body["param"] == "logit_bias"
     unknown = _error(lambda: chat(model="gpt-17", messages=QUESTION))
     assert unknown.status_code == 404 and unknown.body["code"] == "model_not_found"
     wrong_key = openai.OpenAI(base_url=f"{running_api.base_url}/v1", api_key="nope", max_retries=0)
@@ -178,6 +182,48 @@ def test_every_error_class_in_openai_shape(client: openai.OpenAI, running_api: R
     streamed_missing = _error(lambda: chat(model=ORPHAN_MODEL, messages=QUESTION, max_tokens=4, stream=True))
     assert streamed_missing.status_code == 503
     assert chat(model=MODEL, messages=QUESTION, max_tokens=2, temperature=0).choices[0].message.content
+
+
+def test_logprobs_and_token_prompts_through_the_official_client(client: openai.OpenAI) -> None:
+    """What evaluation harnesses send: token-id prompts (one and several), echo with logprobs; and chat's
+    logprobs streamed: the client parses every shape (the values are checked against transformers in
+    tests/integration/peers/test_api_logprobs.py)."""
+    ids = AutoTokenizer.from_pretrained(str(REPO_MODEL))("The river rose because").input_ids
+    scored = client.completions.create(model=MODEL, prompt=[ids, ids[:3]], echo=True, logprobs=1, max_tokens=1)
+    assert [choice.index for choice in scored.choices] == [0, 1]
+    first = scored.choices[0].logprobs
+    assert len(first.tokens) == len(ids) + 1 and first.token_logprobs[0] is None and first.top_logprobs[0] is None
+    assert all(value <= 0 for value in first.token_logprobs[1:]) and first.text_offset[0] == 0
+    stream = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2, stream=True
+    )
+    entries = [entry for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+               for entry in chunk.choices[0].logprobs.content]  # fmt: skip
+    assert len(entries) == 4 and all(entry.top_logprobs[0].token == entry.token for entry in entries)
+
+
+def test_tokenize_detokenize_version_and_unknown_routes(running_api: RunningApi) -> None:
+    def call(path: str, body: dict | None = None, method: str = "POST") -> tuple[int, dict]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+        ask = urllib.request.Request(f"{running_api.base_url}{path}", data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(ask, timeout=60) as answer:
+                return answer.status, json.load(answer)
+        except urllib.error.HTTPError as error:
+            return error.code, json.load(error)
+
+    status, tokens = call("/tokenize", {"model": MODEL, "prompt": "The river rose", "return_token_strs": True})
+    assert status == 200 and tokens["count"] == len(tokens["tokens"]) == len(tokens["token_strs"]) > 0
+    assert call("/detokenize", {"model": MODEL, "tokens": tokens["tokens"]}) == (200, {"prompt": "The river rose"})
+    status, chat = call("/tokenize", {"model": MODEL, "messages": QUESTION})
+    assert status == 200 and chat["count"] > tokens["count"] and chat["max_model_len"] >= 2048
+    assert call("/version", method="GET")[1]["version"]
+    for path, method, code in (("/v1/nothing", "GET", 404), ("/v1/chat/completions", "GET", 405)):
+        status, body = call(path, method=method)
+        assert status == code and set(body["error"]) == {"message", "type", "param", "code"}, body
+    status, body = call("/detokenize", {"model": MODEL, "tokens": [10**7]})
+    assert status == 400 and body["error"]["param"] == "tokens"
 
 
 def test_no_key_is_a_401_in_openai_shape(running_api: RunningApi) -> None:

@@ -105,6 +105,7 @@ def test_library_arguments_are_checked_before_anything_starts(running_swarm: Run
             expect_error("float ids", lambda: model.generate(ids.float(), max_new_tokens=2))
             expect_error("1-D ids", lambda: model.generate(ids[0], max_new_tokens=2))
             expect_error("beyond vocab", lambda: model.generate(ids + 10**6, max_new_tokens=2))
+            expect_error("no tokens", lambda: model.generate(ids[:, :0], max_new_tokens=2))
             expect_error("temperature", lambda: model.generate(ids, do_sample=True, temperature=-1))
             expect_error("max_length", lambda: model.inference_session(max_length=10**6))
             expect_error("batch_size", lambda: model.inference_session(max_length=8, batch_size=0))
@@ -123,6 +124,7 @@ def test_library_arguments_are_checked_before_anything_starts(running_swarm: Run
         "float ids": "input_ids",
         "1-D ids": "input_ids",
         "beyond vocab": "input_ids",
+        "no tokens": "input_ids",
         "temperature": "temperature",
         "max_length": "max_length",
         "batch_size": "batch_size",

@@ -49,8 +49,7 @@ def test_out_of_range_fields_are_refused(field: dict) -> None:
         ChatCompletionRequest(**{"model": "m", "messages": MESSAGES, **field})
 
 
-def test_fields_a_swarm_cannot_honour_are_named() -> None:
-    assert ChatCompletionRequest(model="m", messages=MESSAGES, logit_bias={"1": 2}).refused_fields() == ["logit_bias"]
+def test_fields_not_implemented_yet_are_named() -> None:
     assert ChatCompletionRequest(model="m", messages=MESSAGES, tools=[{"type": "function"}]).refused_fields() == [
         "tools"
     ]
@@ -58,8 +57,29 @@ def test_fields_a_swarm_cannot_honour_are_named() -> None:
     assert CompletionRequest(model="m", prompt="x", suffix="y").refused_fields() == ["suffix"]
 
 
-def test_a_prompt_of_token_ids_stays_ids() -> None:
-    assert CompletionRequest(model="m", prompt=[1, 2, 3]).prompt == [1, 2, 3]
+@pytest.mark.parametrize("prompt", ["text", [1, 2, 3], ["one", "two"], [[1, 2], [3]]])
+def test_every_prompt_form_openai_takes_keeps_its_form(prompt: object) -> None:
+    assert CompletionRequest(model="m", prompt=prompt).prompt == prompt
+
+
+def test_log_probability_fields() -> None:
+    assert ChatCompletionRequest(model="m", messages=MESSAGES).logprobs_top is None
+    assert ChatCompletionRequest(model="m", messages=MESSAGES, logprobs=True).logprobs_top == 0
+    assert ChatCompletionRequest(model="m", messages=MESSAGES, logprobs=True, top_logprobs=5).logprobs_top == 5
+    assert CompletionRequest(model="m", prompt="x", logprobs=0).logprobs_top == 0
+    assert CompletionRequest(model="m", prompt="x").logprobs_top is None
+    for wrong in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}):  # top without logprobs; past 20
+        with pytest.raises(ValidationError):
+            ChatCompletionRequest(model="m", messages=MESSAGES, **wrong)
+    with pytest.raises(ValidationError):
+        CompletionRequest(model="m", prompt="x", logprobs=21)
+
+
+def test_logit_bias_takes_token_ids_and_values_within_100() -> None:
+    assert ChatCompletionRequest(model="m", messages=MESSAGES, logit_bias={"7": -100}).logit_bias == {7: -100.0}
+    for wrong in ({"7": 101}, {"seven": 1}):
+        with pytest.raises(ValidationError):
+            ChatCompletionRequest(model="m", messages=MESSAGES, logit_bias=wrong)
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,8 @@ GENERATE = ["generate", "--open", "--initial-peers", ADDRESS, "hi"]
         ([*GENERATE, "--num-speculative-tokens", "33"], "--num-speculative-tokens"),
         ([*GENERATE, "--wait-for-blocks", "-1"], "--wait-for-blocks"),
         (["--log-level", "LOUD", "status", "--open", "--initial-peers", ADDRESS], "--log-level"),
+        ([*GENERATE[:-1], ""], "prompt"),
+        ([*GENERATE[:-1], "  "], "prompt"),
     ],
 )
 def test_a_bad_flag_value_is_a_usage_error_naming_the_flag(args: list[str], flag: str, capsys) -> None:
@@ -152,6 +154,15 @@ def test_input_ids_are_checked_before_any_step(ids, words: str | None) -> None:
     with pytest.raises(InvalidArgument, match=words or "expected a torch.Tensor") as error:
         checked_input_ids(ids, vocab_size=49152)
     assert error.value.argument == "input_ids"
+
+
+def test_no_tokens_are_refused_unless_a_session_continues() -> None:
+    """generate() with an empty prompt has nothing to continue; a turn of a session may add none to it."""
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    with pytest.raises(InvalidArgument, match="no tokens") as error:
+        checked_input_ids(empty, vocab_size=49152, empty_ok=False)
+    assert error.value.argument == "input_ids"
+    assert checked_input_ids(empty, vocab_size=49152).shape == (1, 0)
 
 
 def test_session_shape_and_sampling_arguments_name_what_is_wrong() -> None:
