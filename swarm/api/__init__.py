@@ -6,7 +6,8 @@ penalties, logit bias and min_tokens; logprobs.py: log-probabilities recorded fr
 in OpenAI's shapes; sampling.py: a request's prompts as token ids and its checked Sampling; generation.py: one
 request's generations (a session per prompt) in worker threads, as events; service.py: OpenAIService, the API
 without the web framework; app.py: the FastAPI routes as a Ray Serve deployment, and `build` for `serve run`;
-chat.html: the chat page served at `/`; keys.py: the API keys file.
+chat.html: the chat page served at `/`; keys.py: the API keys file; metrics.py: the API's own Prometheus metrics
+(`/metrics`).
 
 Nothing here imports the server package (`peers`): the API runs on machines with no peer code.
 """

@@ -16,11 +16,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import swarm
+from swarm.api import metrics as api_metrics
 from swarm.api.errors import ApiError, api_error_for, invalid, unauthorized
 from swarm.api.keys import read_api_keys
 from swarm.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -34,10 +36,22 @@ MAX_ONGOING_REQUESTS = 256  # per replica; each is a worker thread waiting on th
 app = FastAPI(title="RaySwarm OpenAI-compatible API")
 
 
+def _counted(request: Request, status: int) -> None:
+    """Count an answer by its route's template (not its path: unknown paths would grow the series) and status,
+    where each answer is made (the routes and the error handlers)."""
+    api_metrics.REPLICA.requests.labels(getattr(request.scope.get("route"), "path", "unmatched"), str(status)).inc()
+
+
+def _answered(request: Request, result: Any) -> Any:
+    _counted(request, 200)
+    return result
+
+
 @app.exception_handler(Exception)
 async def _api_error(request: Request, error: Exception) -> JSONResponse:
     """Every error in OpenAI's shape: ours by api_error_for's table, anything unexpected as a 500."""
     answer = api_error_for(error)
+    _counted(request, answer.status)
     return JSONResponse(answer.body(), status_code=answer.status)
 
 
@@ -46,6 +60,7 @@ async def _http_error(request: Request, error: StarletteHTTPException) -> JSONRe
     """An unknown route (404) or method (405) in OpenAI's error shape, not the web framework's."""
     message = f"{request.method} {request.url.path}: {error.detail}"
     answer = ApiError(error.status_code, message, "invalid_request_error", None, "not_found")
+    _counted(request, answer.status)
     return JSONResponse(answer.body(), status_code=answer.status, headers=getattr(error, "headers", None))
 
 
@@ -92,7 +107,7 @@ class SwarmOpenAI:
         paths = [Path(model) for model in models]
         options = client_options or {}
         self.service = OpenAIService.connect(
-            paths, initial_peers, chosen, MAX_ONGOING_REQUESTS, max_sessions, **options
+            paths, initial_peers, chosen, MAX_ONGOING_REQUESTS, max_sessions, api_metrics.REPLICA, **options
         )
         self.api_keys = tuple(api_keys)
 
@@ -117,27 +132,32 @@ class SwarmOpenAI:
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:
         self._authorize(request)
-        return self.service.list_models()
+        return _answered(request, self.service.list_models())
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
         self._authorize(request)
-        return _respond(await self.service.chat(body))
+        return _answered(request, _respond(await self.service.chat(body)))
 
     @app.post("/v1/completions")
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
         self._authorize(request)
-        return _respond(await self.service.complete(body))
+        return _answered(request, _respond(await self.service.complete(body)))
 
     @app.post("/tokenize")
     async def tokenize(self, body: TokenizeRequest, request: Request) -> dict[str, Any]:
         self._authorize(request)
-        return self.service.tokenize(body)
+        return _answered(request, self.service.tokenize(body))
 
     @app.post("/detokenize")
     async def detokenize(self, body: DetokenizeRequest, request: Request) -> dict[str, Any]:
         self._authorize(request)
-        return self.service.detokenize(body)
+        return _answered(request, self.service.detokenize(body))
+
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        """Prometheus' scrape, unauthenticated as /health is (counts and latencies, no request content)."""
+        return Response(api_metrics.REPLICA.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/version")
     async def version(self) -> dict[str, Any]:

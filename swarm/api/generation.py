@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from swarm.api.logprobs import HEAD_CHUNK, LogprobsRecorder, TokenLogprob, promp
 from swarm.api.text import ChoiceText, LogitBias, MinTokens, PenaltyProcessor
 from swarm.client import DistributedModelForCausalLM, ModelSession
 from swarm.errors import SwarmError
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,13 +259,23 @@ class GenerationGroup:
             first += sampling.n
         self._launcher: asyncio.Task | None = None
 
-    def launch(self, executor: Executor, slots: asyncio.Semaphore) -> None:
-        """Start each generation in `executor` once it holds one of `slots` (released when its session closes)."""
+    def launch(self, executor: Executor, slots: asyncio.Semaphore, running: Gauge, waiting: Gauge) -> None:
+        """Start each generation in `executor` once it holds one of `slots` (released when its session closes);
+        `waiting` and `running` count the generations before and after."""
+
+        def done(_: object) -> None:
+            slots.release()
+            running.dec()
 
         async def launch_all() -> None:
             for generation in self.generations:
-                await slots.acquire()
-                generation.start(executor).add_done_callback(lambda _: slots.release())
+                waiting.inc()
+                try:
+                    await slots.acquire()
+                finally:
+                    waiting.dec()
+                running.inc()
+                generation.start(executor).add_done_callback(done)
 
         self._launcher = asyncio.get_running_loop().create_task(launch_all())
 

@@ -19,6 +19,7 @@ from swarm.api import protocol
 from swarm.api.errors import api_error_for, invalid, unknown_model
 from swarm.api.generation import Deltas, Failed, Finished, GenerationGroup, Started
 from swarm.api.logprobs import LogprobsRenderer, TokenLogprob
+from swarm.api.metrics import ApiMetrics
 from swarm.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from swarm.api.sampling import prompts_ids, sampling_for
 from swarm.client import DistributedModelForCausalLM
@@ -73,9 +74,14 @@ class OpenAIService:
     """Serves chat and text completions for the models in `models`, `max_concurrent` generations at once."""
 
     def __init__(
-        self, models: Sequence[ServedModel], max_concurrent: int = 256, max_sessions: int = DEFAULT_MAX_SESSIONS
+        self,
+        models: Sequence[ServedModel],
+        max_concurrent: int = 256,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        metrics: ApiMetrics | None = None,
     ) -> None:
         self.models = {served.name: served for served in models}
+        self.metrics = metrics or ApiMetrics()
         self.executor = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="generate")
         self.max_sessions = max_sessions
         self._slots: dict[str, asyncio.Semaphore] = {}  # per model, made on the serving loop when first needed
@@ -88,11 +94,12 @@ class OpenAIService:
         credentials: SwarmCredentials,
         max_concurrent: int = 256,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        metrics: ApiMetrics | None = None,
         **client_options: Any,
     ) -> OpenAIService:
         base = ClientConfig(credentials=credentials, **client_options)
         models = [ServedModel.load(Path(path), initial_peers, base) for path in paths]
-        return cls(models, max_concurrent, max_sessions)
+        return cls(models, max_concurrent, max_sessions, metrics)
 
     def list_models(self) -> dict[str, Any]:
         return {"object": "list", "data": [card for served in self.models.values() for card in served.cards()]}
@@ -155,12 +162,14 @@ class OpenAIService:
         echo: bool = False,
     ) -> dict[str, Any] | AsyncIterator[str]:
         context, vocab = served.model.context_length, served.vocab
+        arrived = time.perf_counter()
         jobs = [(ids, sampling_for(request, ids, limit, context, vocab, echo)) for ids in prompts]
         slots = self._slots.setdefault(served.name, asyncio.Semaphore(self.max_sessions))
         group = GenerationGroup(served.model, served.tokenizer, jobs)
-        group.launch(self.executor, slots)
+        gauges = self.metrics.running.labels(served.name), self.metrics.waiting.labels(served.name)
+        group.launch(self.executor, slots, *gauges)
         try:
-            return await self._answer(kind, served, request, prompts, group, echo)
+            return await self._answer(kind, served, request, prompts, group, echo, arrived)
         except BaseException:  # an error, or the client went away (Serve cancels the handler): stop generating
             group.cancel()
             raise
@@ -173,6 +182,7 @@ class OpenAIService:
         prompts: list[list[int]],
         group: GenerationGroup,
         echo: bool,
+        arrived: float,
     ) -> dict[str, Any] | AsyncIterator[str]:
         events = group.events()
         first = await anext(events)
@@ -180,6 +190,7 @@ class OpenAIService:
             raise api_error_for(first.error)
         assert isinstance(first, Started)
         reply = _Reply(kind, request, prompts, first, served.tokenizer)
+        reply.clock = _RequestClock(self.metrics, served.name, arrived)
         if echo:
             reply.echo(prompts)
         if request.stream:
@@ -212,12 +223,15 @@ class _Reply:
         self.offsets = [0] * count  # text_offset of each choice's next streamed token
         self.completion_tokens = 0
         self.swarm: dict[str, Any] = {"route": started.route}
+        self.clock: _RequestClock | None = None
 
     def echo(self, prompts: list[list[int]]) -> None:
         """Each choice's text begins with its prompt (completions' echo)."""
         self.prefixes = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in self.prompt_of]
 
     def absorb(self, event: Deltas | Finished) -> None:
+        if self.clock is not None:
+            self.clock.observe(event, self.prompt_tokens)
         if isinstance(event, Deltas):
             for index, text in event.texts.items():
                 self.texts[index] += text
@@ -287,6 +301,26 @@ class _Reply:
         if self.request.include_usage:
             chunk["usage"] = protocol.usage(self.prompt_tokens, self.completion_tokens)
         return chunk
+
+
+class _RequestClock:
+    """A request's latency metrics: time to its first token, the gaps between its steps, its token counts."""
+
+    def __init__(self, metrics: ApiMetrics, model: str, arrived: float) -> None:
+        self.metrics, self.model, self.arrived = metrics, model, arrived
+        self.first_token_seen = False
+
+    def observe(self, event: Deltas | Finished, prompt_tokens: int) -> None:
+        if isinstance(event, Deltas):
+            if not self.first_token_seen:
+                self.first_token_seen = True
+                self.metrics.time_to_first_token.labels(self.model).observe(time.perf_counter() - self.arrived)
+            return
+        gaps = self.metrics.inter_token_latency.labels(self.model)
+        for milliseconds in event.token_ms[1:]:  # the first is the prefill's
+            gaps.observe(milliseconds / 1000)
+        self.metrics.prompt_tokens.labels(self.model).observe(prompt_tokens)
+        self.metrics.generation_tokens.labels(self.model).observe(event.completion_tokens)
 
 
 class _EventStream:

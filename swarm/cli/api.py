@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarm.cli._arguments import add_initial_peers_flag, at_least, check_checkpoint_dir, free_port, port
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import StopSignals
 from swarm.cli.generate import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from swarm.security import SwarmCredentials
 
 APPLICATION = "swarm-api"
 
@@ -55,7 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(ns: argparse.Namespace) -> int:
     from swarm.security import SwarmCredentials
 
-    SwarmCredentials.choose(ns.credentials, ns.open)  # refuses to guess, before anything starts
+    credentials = SwarmCredentials.choose(ns.credentials, ns.open)  # refuses to guess, before anything starts
     models = ns.model or [DEFAULT_MODEL]
     for model in models:
         check_checkpoint_dir(model)
@@ -67,8 +71,17 @@ def run(ns: argparse.Namespace) -> int:
             raise InvalidArgument("--api-keys", f"{ns.api_keys} is not a file")
         read_api_keys(ns.api_keys)  # a file with no key would turn authentication off: refuse to start
     free_port(ns.host, ns.port, "--port")
+    _check_initial_peers(ns.initial_peers, credentials)
     with StopSignals() as signals:
         return _serve(ns, models, signals)
+
+
+def _check_initial_peers(initial_peers: list[str], credentials: SwarmCredentials) -> None:
+    """Join the DHT once here: an address nothing answers is then one line naming it (PeerUnavailable, exit 2),
+    not a replica that dies a minute later inside Ray Serve's "Deploying application failed" traceback."""
+    from swarm.registry import Registry
+
+    Registry(initial_peers, client_mode=True, credentials=credentials).shutdown()
 
 
 def _serve(ns: argparse.Namespace, models: list[Path], signals: StopSignals) -> int:

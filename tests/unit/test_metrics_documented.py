@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from peers.metrics import PeerMetrics
 from peers.training.metrics import StageCollector
 from peers.training.replica import ReplicaCounters
+from swarm.api.metrics import ApiMetrics
 from swarm.client.metrics import ClientMetrics
 from swarm.monitoring import ModelView, RegistryCollector, SwarmSnapshot
 from swarm.training.metrics import trainer_registry
@@ -41,7 +42,7 @@ def test_every_exported_metric_is_documented_and_every_documented_one_exported()
     collector.update(SwarmSnapshot(0.0, (ModelView.of("m", []),)))
     code = exported(peer.registry) | exported(ClientMetrics("m").registry) | exported(collector.registry)
     code |= exported(trainer_registry("m", lambda: {"samples": 1, "retries": 0, "replicas": {"0-2": 1}}))
-    code |= exported(_stage_registry())
+    code |= exported(_stage_registry()) | exported(ApiMetrics().registry)
     table = documented()
     assert code - set(table) == set(), "exported but not in the table of docs/operating.md"
     assert set(table) - code == set(), "in the table but exported by nothing"

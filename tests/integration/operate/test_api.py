@@ -226,6 +226,40 @@ def test_tokenize_detokenize_version_and_unknown_routes(running_api: RunningApi)
     assert status == 400 and body["error"]["param"] == "tokens"
 
 
+def test_metrics_count_requests_by_route_and_status_and_time_the_tokens(
+    client: openai.OpenAI, running_api: RunningApi
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape() -> dict[tuple[str, tuple], float]:
+        with urllib.request.urlopen(f"{running_api.base_url}/metrics", timeout=30) as answer:
+            text = answer.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    before = scrape()
+    client.completions.create(
+        model=MODEL, prompt="Count: one, two,", max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+    )
+    _error(lambda: client.completions.create(model=MODEL, prompt="x", temperature=9))
+    after = scrape()
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    counted = {key: value for key, value in after.items() if key[0] == "swarm_api_requests_total"}
+    assert grew("swarm_api_requests_total", route="/v1/completions", status="200") == 1, counted
+    assert grew("swarm_api_requests_total", route="/v1/completions", status="400") == 1
+    assert grew("swarm_api_time_to_first_token_seconds_count", model=MODEL) == 1
+    assert grew("swarm_api_inter_token_latency_seconds_count", model=MODEL) == 2  # 3 tokens: 2 gaps after the first
+    assert grew("swarm_api_generation_tokens_sum", model=MODEL) == 3
+    assert after[("swarm_api_requests_running", (("model", MODEL),))] == 0
+
+
 def test_no_key_is_a_401_in_openai_shape(running_api: RunningApi) -> None:
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(f"{running_api.base_url}/v1/models", timeout=30)
@@ -365,3 +399,13 @@ def _open_sessions(metrics: list[str]) -> int:
                 if line.startswith("swarm_open_sessions"):
                     total += int(float(line.rsplit(" ", 1)[1]))
     return total
+
+
+def test_initial_peers_that_nothing_answers_is_one_line_before_ray_starts(smollm2_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run = run_cli("api", "--open", "--initial-peers", UNREACHABLE, "--model", str(smollm2_path), "--port", str(port))
+    assert run.returncode == 2, run.stderr
+    assert "cannot join the DHT" in run.stderr and UNREACHABLE in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not run.survivors
