@@ -26,6 +26,7 @@ from swarm.api import metrics as api_metrics
 from swarm.api.errors import ApiError, api_error_for, invalid, unauthorized
 from swarm.api.keys import read_api_keys
 from swarm.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from swarm.api.responses import ResponsesRequest
 from swarm.api.service import DEFAULT_MAX_SESSIONS, OpenAIService
 from swarm.registry.addresses import initial_peer_list
 from swarm.security import SwarmCredentials
@@ -143,6 +144,11 @@ class SwarmOpenAI:
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
         self._authorize(request)
         return _answered(request, _respond(await self.service.complete(body)))
+
+    @app.post("/v1/responses")
+    async def responses(self, body: ResponsesRequest, request: Request) -> Any:
+        self._authorize(request)
+        return _answered(request, _respond(await self.service.respond(body)))
 
     @app.post("/tokenize")
     async def tokenize(self, body: TokenizeRequest, request: Request) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from swarm.api.generation import Deltas, Failed, Finished, GenerationGroup, Star
 from swarm.api.logprobs import LogprobsRenderer, TokenLogprob
 from swarm.api.metrics import ApiMetrics
 from swarm.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from swarm.api.responses import ResponseEvents, ResponsesRequest, whole_response
 from swarm.api.sampling import prompts_ids, sampling_for
 from swarm.client import DistributedModelForCausalLM
 from swarm.client.chat import render_chat
@@ -119,6 +120,11 @@ class OpenAIService:
         _refuse(request.refused_fields())
         prompts = prompts_ids(served.tokenizer, served.vocab, request.prompt, request.n)
         return await self._complete("text", served, request, prompts, request.token_limit, echo=request.echo)
+
+    async def respond(self, request: ResponsesRequest) -> dict[str, Any] | AsyncIterator[str]:
+        """The Responses API, over chat: a Response object, or its stream of events."""
+        answer = await self.chat(request.chat_request())
+        return whole_response(answer, request) if isinstance(answer, dict) else ResponseEvents(answer, request)
 
     def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
         """vLLM's /tokenize answer: the token ids (and their texts, if asked), with the model's context length."""

@@ -202,6 +202,21 @@ def test_logprobs_and_token_prompts_through_the_official_client(client: openai.O
     assert len(entries) == 4 and all(entry.top_logprobs[0].token == entry.token for entry in entries)
 
 
+def test_the_responses_api_answers_as_chat_does_whole_and_streamed(client: openai.OpenAI) -> None:
+    """The current SDK's `client.responses`: the same greedy text as chat for the same messages; its stream of
+    events reassembles into it; `previous_response_id` is a clear 400 (nothing is stored)."""
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
+    question = QUESTION[0]["content"]
+    asked = {"model": MODEL, "input": question, "max_output_tokens": 8, "temperature": 0}
+    response = client.responses.create(**asked)
+    assert response.output_text == chat.choices[0].message.content and response.usage.output_tokens <= 8
+    events = list(client.responses.create(**asked, stream=True))
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == response.output_text
+    chained = _error(lambda: client.responses.create(model=MODEL, input="and?", previous_response_id=response.id))
+    assert chained.status_code == 400 and chained.body["param"] == "previous_response_id"
+
+
 def test_tokenize_detokenize_version_and_unknown_routes(running_api: RunningApi) -> None:
     def call(path: str, body: dict | None = None, method: str = "POST") -> tuple[int, dict]:
         data = None if body is None else json.dumps(body).encode()
