@@ -7,7 +7,8 @@ in OpenAI's shapes; sampling.py: a request's prompts as token ids and its checke
 request's generations (a session per prompt) in worker threads, as events; service.py: OpenAIService, the API
 without the web framework; app.py: the FastAPI routes as a Ray Serve deployment, and `build` for `serve run`;
 chat.html: the chat page served at `/`; keys.py: the API keys file; metrics.py: the API's own Prometheus metrics
-(`/metrics`); responses.py: the Responses API (`/v1/responses`) over chat completions.
+(`/metrics`); responses.py: the Responses API (`/v1/responses`) over chat completions; structured.py: JSON and
+regex output by constrained decoding (llguidance).
 
 Nothing here imports the server package (`peers`): the API runs on machines with no peer code.
 """

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from swarm.api.logprobs import HEAD_CHUNK, LogprobsRecorder, TokenLogprob, prompt_logprobs
+from swarm.api.structured import GrammarConstraint
 from swarm.api.text import ChoiceText, LogitBias, MinTokens, PenaltyProcessor
 from swarm.client import DistributedModelForCausalLM, ModelSession
 from swarm.errors import SwarmError
@@ -51,6 +52,7 @@ class Sampling:
     min_tokens: int = 0  # no end-of-sequence token before this many
     stop_token_ids: tuple[int, ...] = ()  # tokens that end a choice, besides the model's end-of-sequence ones
     skip_special_tokens: bool = True  # special tokens are left out of the text
+    grammar: str | None = None  # an llguidance grammar the text must follow (structured.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +183,8 @@ class Generation:
             logits_processor=self._processors(),
             stopping_criteria=[self._stopped],
             generator=None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed),
-            # A speculative step scores several positions at once: log-probabilities are taken one token at a time.
-            speculative="" if self._recorder is not None else sampling.speculative,
+            # A speculative step scores several positions at once: log-probabilities and grammars go token by token.
+            speculative="" if self._recorder is not None or sampling.grammar else sampling.speculative,
             num_speculative_tokens=sampling.num_speculative_tokens,
         )
 
@@ -196,6 +198,9 @@ class Generation:
             processors.append(LogitBias(sampling.logit_bias))
         if sampling.min_tokens and self.end_ids:
             processors.append(MinTokens(prompt, sampling.min_tokens, self.end_ids))
+        if sampling.grammar is not None:
+            vocab, rows = self.model.head.embed_tokens.num_embeddings, sampling.n
+            processors.append(GrammarConstraint(sampling.grammar, self.tokenizer, vocab, self.end_ids, rows, prompt))
         if self._recorder is not None:
             processors.append(self._recorder)
         return processors

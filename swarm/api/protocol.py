@@ -1,7 +1,7 @@
 """OpenAI's request bodies, validated by pydantic, and the response objects built from a finished generation.
 
-Fields OpenAI defines that RaySwarm does not implement yet (tools, response_format other than text, suffix) are
-refused with a 400 naming them rather than silently ignored; unknown fields are ignored, as OpenAI does.
+Fields OpenAI defines that RaySwarm does not implement yet (tools, a response_format other than text and JSON,
+suffix) are refused with a 400 naming them rather than silently ignored; unknown fields are ignored, as OpenAI does.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from swarm.config import MAX_SPECULATIVE_TOKENS
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_CHOICES = 16  # n: every choice is a row of one batched session on the peers
+STRUCTURED_FORMATS = ("json_object", "json_schema")  # response_format types decoded under a grammar (structured.py)
 
 
 class SamplingRequest(BaseModel):
@@ -49,6 +50,9 @@ class SamplingRequest(BaseModel):
     min_tokens: int = Field(default=0, ge=0)
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    guided_json: dict[str, Any] | str | None = None  # a JSON schema the output must validate against
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -97,7 +101,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     def refused_fields(self) -> list[str]:
         given = [name for name in ("tools",) if getattr(self, name)]
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
+        if self.response_format and self.response_format.get("type") not in (None, "text", *STRUCTURED_FORMATS):
             given.append("response_format")
         return super().refused_fields() + given
 

@@ -31,9 +31,16 @@ def prompts_ids(tokenizer: Any, vocab: int, prompt: str | list, n: int) -> list[
 
 
 def sampling_for(
-    request: protocol.SamplingRequest, ids: list[int], limit: int | None, context: int, vocab: int, echo: bool
+    request: protocol.SamplingRequest,
+    ids: list[int],
+    limit: int | None,
+    context: int,
+    vocab: int,
+    echo: bool,
+    grammar: str | None = None,
 ) -> Sampling:
-    """What `request` asks for the prompt `ids` of a model whose context and vocabulary are `context` and `vocab`."""
+    """What `request` asks for the prompt `ids` of a model whose context and vocabulary are `context` and `vocab`,
+    under `grammar` (structured.grammar_for) if any."""
     max_new = _max_new_tokens(request, ids, limit, context)
     bias = request.logit_bias or {}
     for param, tokens in (("logit_bias", list(bias)), ("stop_token_ids", request.stop_token_ids or [])):
@@ -60,6 +67,7 @@ def sampling_for(
         min_tokens=request.min_tokens,
         stop_token_ids=tuple(request.stop_token_ids or ()),
         skip_special_tokens=request.skip_special_tokens,
+        grammar=grammar,
     )
 
 

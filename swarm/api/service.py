@@ -23,6 +23,7 @@ from swarm.api.metrics import ApiMetrics
 from swarm.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from swarm.api.responses import ResponseEvents, ResponsesRequest, whole_response
 from swarm.api.sampling import prompts_ids, sampling_for
+from swarm.api.structured import grammar_for
 from swarm.client import DistributedModelForCausalLM
 from swarm.client.chat import render_chat
 from swarm.config import ClientConfig
@@ -169,7 +170,8 @@ class OpenAIService:
     ) -> dict[str, Any] | AsyncIterator[str]:
         context, vocab = served.model.context_length, served.vocab
         arrived = time.perf_counter()
-        jobs = [(ids, sampling_for(request, ids, limit, context, vocab, echo)) for ids in prompts]
+        grammar = grammar_for(request)
+        jobs = [(ids, sampling_for(request, ids, limit, context, vocab, echo, grammar)) for ids in prompts]
         slots = self._slots.setdefault(served.name, asyncio.Semaphore(self.max_sessions))
         group = GenerationGroup(served.model, served.tokenizer, jobs)
         gauges = self.metrics.running.labels(served.name), self.metrics.waiting.labels(served.name)

@@ -187,7 +187,7 @@ def test_every_error_class_in_openai_shape(client: openai.OpenAI, running_api: R
 def test_logprobs_and_token_prompts_through_the_official_client(client: openai.OpenAI) -> None:
     """What evaluation harnesses send: token-id prompts (one and several), echo with logprobs; and chat's
     logprobs streamed: the client parses every shape (the values are checked against transformers in
-    tests/integration/peers/test_api_logprobs.py)."""
+    tests/integration/peers/test_api_sampling.py)."""
     ids = AutoTokenizer.from_pretrained(str(REPO_MODEL))("The river rose because").input_ids
     scored = client.completions.create(model=MODEL, prompt=[ids, ids[:3]], echo=True, logprobs=1, max_tokens=1)
     assert [choice.index for choice in scored.choices] == [0, 1]
@@ -200,6 +200,25 @@ def test_logprobs_and_token_prompts_through_the_official_client(client: openai.O
     entries = [entry for chunk in stream if chunk.choices and chunk.choices[0].logprobs
                for entry in chunk.choices[0].logprobs.content]  # fmt: skip
     assert len(entries) == 4 and all(entry.top_logprobs[0].token == entry.token for entry in entries)
+
+
+def test_structured_output_through_the_official_client(client: openai.OpenAI) -> None:
+    """response_format json_schema (strict) and json_object, and vLLM's guided_choice, over HTTP (their guarantees
+    under sampling: tests/integration/peers/test_api_sampling.py)."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    strict = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}}
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 60, "temperature": 0}
+    answer = client.chat.completions.create(**ask, response_format=strict).choices[0]
+    assert answer.finish_reason == "stop" and set(json.loads(answer.message.content)) == {"city", "sunny"}
+    free = client.chat.completions.create(**ask, response_format={"type": "json_object"}).choices[0]
+    assert free.message.content.startswith("{")
+    picked = client.chat.completions.create(**ask, extra_body={"guided_choice": ["Paris", "Lyon"]}).choices[0]
+    assert picked.message.content in ("Paris", "Lyon")
 
 
 def test_the_responses_api_answers_as_chat_does_whole_and_streamed(client: openai.OpenAI) -> None:

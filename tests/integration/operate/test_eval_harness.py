@@ -17,7 +17,7 @@ from .conftest import API_KEY, RunningApi
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "multiple_choice.jsonl"
 TASK = "rayswarm_multiple_choice"
-# Per choice, with the API's default 8-bit codec (codec NONE, 1e-3 against transformers: peers/test_api_logprobs.py).
+# Per choice, with the API's default 8-bit codec (codec NONE, 1e-3 against transformers: peers/test_api_sampling.py).
 EIGHT_BIT_NATS = 0.2
 
 

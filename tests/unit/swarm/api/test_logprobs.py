@@ -1,5 +1,5 @@
 """Log-probabilities, logit bias, min_tokens and the prompt forms, on plain tensors and a real tokenizer: what the
-API's sampler records and how it is rendered in OpenAI's shapes (tests/integration/peers/test_api_logprobs.py runs
+API's sampler records and how it is rendered in OpenAI's shapes (tests/integration/peers/test_api_sampling.py runs
 them through a swarm against transformers)."""
 
 from __future__ import annotations

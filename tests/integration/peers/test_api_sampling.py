@@ -1,10 +1,12 @@
-"""The OpenAI API's log-probabilities and prompt forms through two real SmolLM2 peers (codec NONE), at the API's
-own seam (swarm/api/service.py, without Ray Serve), against transformers' logits for the whole model: what
-evaluation harnesses read from `echo` + `logprobs`, and what `logprobs` / `top_logprobs` report while generating."""
+"""The OpenAI API's sampler through two real SmolLM2 peers (codec NONE), at the API's own seam
+(swarm/api/service.py, without Ray Serve): log-probabilities against transformers' logits for the whole model (what
+evaluation harnesses read from `echo` + `logprobs`, and what `logprobs` / `top_logprobs` report while generating),
+prompt forms, logit bias and stop tokens, and structured output that always parses and validates."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +150,66 @@ def test_logit_bias_stop_token_ids_and_min_tokens_steer_the_sampler(service: Ope
     assert stopped["finish_reason"] == "stop" and len(stopped["logprobs"]["tokens"]) <= 3
     late = CompletionRequest(**base, stop_token_ids=[third], min_tokens=4, ignore_eos=True)
     assert len(asyncio.run(service.complete(late))["choices"][0]["logprobs"]["tokens"]) >= 4
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "pet": {"enum": ["cat", "dog", "none"]},
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 24},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 16}, "minItems": 1, "maxItems": 3},
+    },
+    "required": ["name", "age", "pet", "address", "hobbies"],
+    "additionalProperties": False,
+}
+SUBJECTS = ["a baker", "a pilot", "a child", "a farmer", "a painter", "a teacher", "a nurse", "a sailor"]
+
+
+def test_json_schema_and_json_object_outputs_always_parse_and_validate(service: OpenAIService) -> None:
+    """Sampled (temperature 0.8), six requests at once, n = 2 each: every choice is JSON; the schema's every time."""
+    import json
+
+    import jsonschema
+
+    schema_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+    async def ask_all() -> list[list[dict]]:
+        requests = [
+            ChatCompletionRequest(
+                model="smollm2", messages=[{"role": "user", "content": f"Describe {subject} as JSON."}],
+                max_tokens=limit, temperature=0.8, n=2, seed=seed, response_format=response_format,
+            )
+            for seed, subject in enumerate(SUBJECTS[:3])
+            for response_format, limit in ((schema_format, 160), ({"type": "json_object"}, 48))
+        ]  # fmt: skip
+        answers = await asyncio.gather(*(service.chat(request) for request in requests))
+        return [answer["choices"] for answer in answers]
+
+    for index, choices in enumerate(asyncio.run(ask_all())):
+        for choice in choices:
+            if index % 2 == 0:
+                assert choice["finish_reason"] == "stop", choice
+                jsonschema.validate(json.loads(choice["message"]["content"]), PERSON)
+            elif choice["finish_reason"] == "stop":  # a free object may be cut by max_tokens, as OpenAI's may
+                assert isinstance(json.loads(choice["message"]["content"]), dict), choice
+            else:
+                assert choice["message"]["content"].startswith("{"), choice
+
+
+def test_guided_choice_and_regex_hold_the_answer_to_them(service: OpenAIService) -> None:
+    base = {"model": "smollm2", "prompt": "Is the sky green? Answer:", "max_tokens": 12, "temperature": 1.0}
+    for seed in range(4):
+        chosen = asyncio.run(service.complete(CompletionRequest(**base, seed=seed, guided_choice=["yes", "no"])))
+        assert chosen["choices"][0]["text"] in ("yes", "no")
+        dated = asyncio.run(service.complete(CompletionRequest(**base, seed=seed, guided_regex=r"[0-9]{4}-[0-9]{2}")))
+        assert re.fullmatch(r"[0-9]{4}-[0-9]{2}", dated["choices"][0]["text"]), dated["choices"][0]
