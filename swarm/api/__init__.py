@@ -8,7 +8,9 @@ request's generations (a session per prompt) in worker threads, as events; servi
 without the web framework; app.py: the FastAPI routes as a Ray Serve deployment, and `build` for `serve run`;
 chat.html: the chat page served at `/`; keys.py: the API keys file; metrics.py: the API's own Prometheus metrics
 (`/metrics`); responses.py: the Responses API (`/v1/responses`) over chat completions; structured.py: JSON and
-regex output by constrained decoding (llguidance).
+regex output by constrained decoding (llguidance); tools.py: function calling (tools offered in the prompt, a call
+enforced by a grammar, parsed back into tool_calls); reply.py: a request's events as OpenAI's response or its
+server-sent events.
 
 Nothing here imports the server package (`peers`): the API runs on machines with no peer code.
 """

@@ -1,7 +1,7 @@
 """OpenAI's request bodies, validated by pydantic, and the response objects built from a finished generation.
 
-Fields OpenAI defines that RaySwarm does not implement yet (tools, a response_format other than text and JSON,
-suffix) are refused with a 400 naming them rather than silently ignored; unknown fields are ignored, as OpenAI does.
+Fields OpenAI defines that RaySwarm does not implement yet (a response_format other than text and JSON, suffix)
+are refused with a 400 naming them rather than silently ignored; unknown fields are ignored, as OpenAI does.
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=0)
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # "none", "auto", "required", {"function": {"name": ...}}
+    parallel_tool_calls: bool | None = None  # accepted; one call per turn
     response_format: dict[str, Any] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -100,7 +102,7 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def refused_fields(self) -> list[str]:
-        given = [name for name in ("tools",) if getattr(self, name)]
+        given = []
         if self.response_format and self.response_format.get("type") not in (None, "text", *STRUCTURED_FORMATS):
             given.append("response_format")
         return super().refused_fields() + given
@@ -161,7 +163,7 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def completion_id(kind: str) -> str:
@@ -177,12 +179,12 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def chat_response(
-    request_id: str, model: str, texts: list[str], reasons: list[FinishReason], logprobs: list[dict | None],
+    request_id: str, model: str, messages: list[dict], reasons: list[FinishReason], logprobs: list[dict | None],
     counts: dict[str, int], extra: dict,
 ) -> dict[str, Any]:  # fmt: skip
     choices = [
-        {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason, "logprobs": lp}
-        for i, (text, reason, lp) in enumerate(zip(texts, reasons, logprobs, strict=True))
+        {"index": i, "message": message, "finish_reason": reason, "logprobs": lp}
+        for i, (message, reason, lp) in enumerate(zip(messages, reasons, logprobs, strict=True))
     ]
     return _envelope(request_id, "chat.completion", model, choices) | {"usage": counts, **extra}
 

@@ -27,6 +27,12 @@ def grammar_for(request: Any) -> str | None:
     schema, regex, param = _asked(request)
     if schema is None and regex is None:
         return None
+    return compiled(schema, regex, param)
+
+
+def compiled(schema: Any, regex: str | None, param: str) -> str:
+    """The llguidance grammar of a JSON schema (compact JSON) or else of a regular expression; a 400 naming `param`
+    if it is not one."""
     import llguidance
 
     try:

@@ -166,9 +166,15 @@ def test_every_error_class_in_openai_shape(client: openai.OpenAI, running_api: R
     assert long.status_code == 400 and long.body["code"] == "context_length_exceeded"
     role = _error(lambda: chat(model=MODEL, messages=[{"role": "wizard", "content": "hi"}]))
     assert role.status_code == 400 and role.body["param"] == "messages[0].role"
+    unsupported = _error(lambda: chat(model=MODEL, messages=QUESTION, response_format={"type": "regex"}))
+    assert unsupported.status_code == 400 and unsupported.body["param"] == "response_format"
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    unsupported = _error(lambda: chat(model=MODEL, messages=QUESTION, tools=[tool]))
-    assert unsupported.status_code == 400 and unsupported.body["param"] == "tools"
+    no_tool = _error(
+        lambda: chat(
+            model=MODEL, messages=QUESTION, tools=[tool], tool_choice={"type": "function", "function": {"name": "g"}}
+        )
+    )
+    assert no_tool.status_code == 400 and no_tool.body["param"] == "tool_choice"
     bias = _error(lambda: chat(model=MODEL, messages=QUESTION, logit_bias={"1": 500}))
     assert bias.status_code == 400 and bias.body["param"] == "logit_bias"
     unknown = _error(lambda: chat(model="gpt-17", messages=QUESTION))
@@ -219,6 +225,41 @@ def test_structured_output_through_the_official_client(client: openai.OpenAI) ->
     assert free.message.content.startswith("{")
     picked = client.chat.completions.create(**ask, extra_body={"guided_choice": ["Paris", "Lyon"]}).choices[0]
     assert picked.message.content in ("Paris", "Lyon")
+
+
+def test_a_tool_call_round_trips_through_the_official_client(client: openai.OpenAI) -> None:
+    """A named function: the call comes back as tool_calls (finish_reason tool_calls); streamed, its deltas
+    reassemble into the same call; the call and its result sent back in the history get an answer in words."""
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    ask = {"model": MODEL, "tools": [weather], "max_tokens": 40, "temperature": 0}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    answer = client.chat.completions.create(**ask, messages=messages, tool_choice=named).choices[0]
+    [call] = answer.message.tool_calls
+    assert answer.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    stream = client.chat.completions.create(**ask, messages=messages, tool_choice=named, stream=True)
+    deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices and chunk.choices[0].delta.tool_calls]
+    streamed = "".join(delta.tool_calls[0].function.arguments for delta in deltas)
+    assert deltas[0].tool_calls[0].function.name == "get_weather" and streamed == call.function.arguments
+    history = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 degrees"},
+    ]
+    reply = client.chat.completions.create(**ask, messages=history, tool_choice="none").choices[0]
+    assert reply.finish_reason in ("stop", "length") and reply.message.content and not reply.message.tool_calls
 
 
 def test_the_responses_api_answers_as_chat_does_whole_and_streamed(client: openai.OpenAI) -> None:

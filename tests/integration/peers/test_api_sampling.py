@@ -213,3 +213,48 @@ def test_guided_choice_and_regex_hold_the_answer_to_them(service: OpenAIService)
         assert chosen["choices"][0]["text"] in ("yes", "no")
         dated = asyncio.run(service.complete(CompletionRequest(**base, seed=seed, guided_regex=r"[0-9]{4}-[0-9]{2}")))
         assert re.fullmatch(r"[0-9]{4}-[0-9]{2}", dated["choices"][0]["text"]), dated["choices"][0]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_required_and_named_tool_calls_are_valid_calls_every_time(service: OpenAIService) -> None:
+    """Sampled, five cities at once for each tool_choice: every answer is a call whose arguments validate."""
+    import json
+
+    import jsonschema
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+
+    async def ask_all() -> list[dict]:
+        requests = [
+            ChatCompletionRequest(
+                model="smollm2", messages=[{"role": "user", "content": f"What is the weather in {city}?"}],
+                tools=[WEATHER_TOOL, CLOCK_TOOL], tool_choice=choice, max_tokens=80, temperature=0.8, seed=seed,
+            )
+            for seed, city in enumerate(["Paris", "Oslo", "Lima", "Cairo", "Tokyo"])
+            for choice in ("required", named)
+        ]  # fmt: skip
+        return [answer["choices"][0] for answer in await asyncio.gather(*(service.chat(r) for r in requests))]
+
+    for index, choice in enumerate(asyncio.run(ask_all())):
+        assert choice["finish_reason"] == "tool_calls", choice
+        [call] = choice["message"]["tool_calls"]
+        name, arguments = call["function"]["name"], json.loads(call["function"]["arguments"])
+        if index % 2 == 1:
+            assert name == "get_weather"
+        tool = WEATHER_TOOL if name == "get_weather" else CLOCK_TOOL
+        jsonschema.validate(arguments, tool["function"]["parameters"])

@@ -50,9 +50,9 @@ def test_out_of_range_fields_are_refused(field: dict) -> None:
 
 
 def test_fields_not_implemented_yet_are_named() -> None:
-    assert ChatCompletionRequest(model="m", messages=MESSAGES, tools=[{"type": "function"}]).refused_fields() == [
-        "tools"
-    ]
+    assert ChatCompletionRequest(
+        model="m", messages=MESSAGES, response_format={"type": "grammar"}
+    ).refused_fields() == ["response_format"]
     assert ChatCompletionRequest(model="m", messages=MESSAGES, response_format={"type": "text"}).refused_fields() == []
     assert CompletionRequest(model="m", prompt="x", suffix="y").refused_fields() == ["suffix"]
 
