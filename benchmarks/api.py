@@ -8,6 +8,8 @@ A local Ray, a DHT and 2 peers ([0, 15), [15, 30)) as `swarm up` starts them; th
 DistributedModelForCausalLM.generate on the same rendered prompt, in this process, before and after the API's
 level N (the mean of both is the figure). Prints one JSON object: per level, TTFT p50/p95, per-token p50/p95
 (ms) and aggregate tokens/s; at the top, http_vs_client_N = the API's aggregate tokens/s at N / the client's.
+`--extras N` (default 8) then measures, at N concurrent requests, what a JSON schema (constrained decoding) and
+`top_logprobs` 5 cost: json_schema_vs_plain_N and logprobs_vs_plain_N, against plain requests before and after.
 """
 
 from __future__ import annotations
@@ -60,7 +62,17 @@ def _ms(samples: list[float], percentile: int) -> float | None:
     return round(1000 * statistics.quantiles(samples, n=100)[percentile - 1], 1)
 
 
-def _through_api(base_url: str, new_tokens: int, level: Level) -> None:
+# What each extra mode adds to a plain request: a JSON schema the output must follow (constrained decoding; the
+# array's fixed length keeps the answer as long as a plain one), or log-probabilities of 5 alternatives per token.
+NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 40, "maxItems": 40}
+EXTRAS = {
+    "plain": {},
+    "json_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": NUMBERS}}},
+    "logprobs": {"logprobs": True, "top_logprobs": 5},
+}
+
+
+def _through_api(base_url: str, new_tokens: int, level: Level, extra: dict | None = None) -> None:
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
@@ -74,9 +86,10 @@ def _through_api(base_url: str, new_tokens: int, level: Level) -> None:
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
+            **(extra or {}),
         )
         for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
+            if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].logprobs):
                 times.append(time.perf_counter())
             if chunk.usage:
                 tokens = chunk.usage.completion_tokens
@@ -121,12 +134,35 @@ def _compare(base_url: str, model, prompt: torch.Tensor, new_tokens: int, concur
     return api, [before, after]
 
 
+def _extras(base_url: str, new_tokens: int, concurrency: int) -> dict:
+    """Tokens/s at `concurrency` with each extra mode, against plain requests run before and after them."""
+    levels = {
+        name: run_level(_through_api_with(extra), (base_url, new_tokens), concurrency)
+        for name, extra in EXTRAS.items()
+    }
+    plain_again = run_level(_through_api, (base_url, new_tokens), concurrency)
+    plain = statistics.mean([levels["plain"]["tokens_per_s"], plain_again["tokens_per_s"]])
+    return {
+        "levels": levels | {"plain_again": plain_again},
+        f"json_schema_vs_plain_{concurrency}": round(levels["json_schema"]["tokens_per_s"] / plain, 3),
+        f"logprobs_vs_plain_{concurrency}": round(levels["logprobs"]["tokens_per_s"] / plain, 3),
+    }
+
+
+def _through_api_with(extra: dict):
+    def run(base_url: str, new_tokens: int, level: Level) -> None:
+        _through_api(base_url, new_tokens, level, extra)
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=Path(".cache/models/smollm2-135m"))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--port", type=int, default=8031)
+    parser.add_argument("--extras", type=int, default=8, metavar="N", help="concurrency of the extra modes (0: none)")
     ns = parser.parse_args(argv)
 
     from ray import serve
@@ -156,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             results["api"][str(concurrency)], results["client"][str(concurrency)] = api, client
             both = [run["tokens_per_s"] for run in client]
             results[f"http_vs_client_{concurrency}"] = round(api["tokens_per_s"] / statistics.mean(both), 3)
+        if ns.extras:
+            results["extras"] = _extras(base_url, ns.new_tokens, ns.extras)
         print(json.dumps(results, indent=1))
     finally:
         model.close()

@@ -107,8 +107,9 @@ class Generation:
         first_index: int = 0,
     ) -> None:
         self.model, self.tokenizer, self.prompt_ids, self.sampling = model, tokenizer, prompt_ids, sampling
-        eos = None if sampling.ignore_eos else model.config.eos_token_id
-        eos_ids = [] if eos is None else list(eos) if isinstance(eos, list | tuple) else [int(eos)]
+        eos = model.config.eos_token_id
+        self.eos_ids = [] if eos is None else list(eos) if isinstance(eos, list | tuple) else [int(eos)]
+        eos_ids = [] if sampling.ignore_eos else self.eos_ids
         self.end_ids = [*eos_ids, *(i for i in sampling.stop_token_ids if i not in eos_ids)]
         skip = sampling.skip_special_tokens
         self.choices = [ChoiceText(tokenizer, sampling.stops, self.end_ids, skip) for _ in range(sampling.n)]
@@ -200,7 +201,8 @@ class Generation:
             processors.append(MinTokens(prompt, sampling.min_tokens, self.end_ids))
         if sampling.grammar is not None:
             vocab, rows = self.model.head.embed_tokens.num_embeddings, sampling.n
-            processors.append(GrammarConstraint(sampling.grammar, self.tokenizer, vocab, self.end_ids, rows, prompt))
+            ends = self.end_ids or self.eos_ids  # a complete grammar ends the text, ignore_eos or not
+            processors.append(GrammarConstraint(sampling.grammar, self.tokenizer, vocab, ends, rows, prompt))
         if self._recorder is not None:
             processors.append(self._recorder)
         return processors
