@@ -112,10 +112,23 @@ def test_a_prompt_streams_into_the_page(page: Page, running_api: RunningApi, run
     expect(page.get_by_test_id("send")).to_be_enabled()
     expect(page.locator("body")).to_have_attribute("data-state", "idle")
 
+    # JSON mode: the request asks for a JSON object, and the answer is one (constrained decoding).
+    page.get_by_test_id("new-chat").click()
+    page.get_by_test_id("json-mode").check()
+    page.get_by_test_id("max-tokens").fill("48")
+    page.get_by_test_id("prompt").fill("Describe the sea as JSON.")
+    with page.expect_request("**/v1/chat/completions") as sent:
+        page.get_by_test_id("send").click()
+    assert sent.value.post_data_json["response_format"] == {"type": "json_object"}
+    shaped = page.locator('[data-role="assistant"]').last
+    expect(shaped).to_have_attribute("data-status", "done", timeout=ANSWER_TIMEOUT_MS)
+    assert shaped.get_by_test_id("answer-text").inner_text().startswith("{")  # whole when it ended before 48 tokens
+    page.get_by_test_id("json-mode").uncheck()
+
     # A model whose blocks no peer serves: the API's 503 shows as the error, and the turn is taken back.
     page.get_by_test_id("model").select_option(ORPHAN_MODEL)
     page.get_by_test_id("prompt").fill("Anyone there?")
     page.get_by_test_id("send").click()
     expect(page.get_by_test_id("error")).to_contain_text("503", timeout=ANSWER_TIMEOUT_MS)
     expect(page.get_by_test_id("prompt")).to_have_value("Anyone there?")
-    expect(page.get_by_test_id("message")).to_have_count(4)
+    expect(page.get_by_test_id("message")).to_have_count(2)
