@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 from typing import Any
 
 import torch
@@ -75,9 +76,18 @@ def _asked(request: Any) -> tuple[Any, str | None, str]:
     return None, None, ""
 
 
-@functools.lru_cache(maxsize=8)
 def _tokenizer_for(tokenizer: Any, vocab: int, end_ids: tuple[int, ...]) -> Any:
-    """llguidance's view of a Hugging Face tokenizer (~0.4 s to build: once per model)."""
+    """llguidance's view of a Hugging Face tokenizer, built once per model: ~0.4 s alone, but 8 first requests at
+    once each built it and waited ~4 s for their first token (benchmarks.api --extras) before this lock."""
+    with _BUILDING:
+        return _built_tokenizer(tokenizer, vocab, end_ids)
+
+
+_BUILDING = threading.Lock()
+
+
+@functools.lru_cache(maxsize=8)
+def _built_tokenizer(tokenizer: Any, vocab: int, end_ids: tuple[int, ...]) -> Any:
     import llguidance.hf
 
     return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=list(end_ids) or None)
