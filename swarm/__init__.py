@@ -7,12 +7,13 @@ monitoring (the live map, Prometheus targets), cli; _proto: generated from proto
 Modules: errors.py (SwarmError and the gRPC status table), types.py (frozen records every layer shares), config.py
 (ClientConfig), channels.py (one gRPC channel per peer address), ray_cluster.py (start or attach to Ray),
 ray_reaper.py (a local Ray dies with its starter), progress.py (progress bars), _exit.py (a prompt exit),
-__main__.py (`python -m swarm`).
+_grpc_fork.py (gRPC's fork handlers off, so a forked DHT node cannot abort), __main__.py (`python -m swarm`).
 """
 
 from __future__ import annotations
 
-import swarm._exit  # noqa: F401  (a prompt exit: see the module)
+import swarm._exit  # (a prompt exit: see the module)
+import swarm._grpc_fork  # noqa: F401  (before anything imports gRPC: see the module)
 from swarm.codec import CodecId, decode, encode
 from swarm.config import ClientConfig
 from swarm.errors import (

@@ -1,5 +1,7 @@
 """Fixtures shared by every test: the converted SmolLM2 checkpoint (built once, cached under .cache/); a guard
-that the test process exits once the session is over; and a mend for pytest's log capture (below)."""
+that the test process exits once the session is over; and a mend for pytest's log capture (below). RaySwarm is
+imported first, as a user's program would: a test module that imports grpc before it would leave gRPC's fork
+handlers on in the test process, and a DHT node forked from it could abort (swarm/_grpc_fork.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import swarm._grpc_fork  # noqa: F401
 
 
 class _LoggerSnapshots(dict):
