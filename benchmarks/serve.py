@@ -36,6 +36,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -91,37 +92,59 @@ def _generate(
         level.first_token_s.extend(times[:1] and [times[0] - started])
 
 
-def batch_sequences(metrics: str) -> tuple[float, float, float]:
-    """Sum and count of a peer's sequences per engine iteration, and its process's CPU seconds (0 where the peer
-    does not export them), from its /metrics text."""
-    total = count = cpu_s = 0.0
+class PeerCounters(NamedTuple):
+    """A peer's running totals, read from its /metrics (0 where it does not export one)."""
+
+    sequences: float = 0.0  # summed over its engine iterations
+    iterations: float = 0.0
+    busy_s: float = 0.0  # in engine iterations (on a GPU, up to a device synchronisation)
+    cpu_s: float = 0.0  # its process's CPU seconds
+
+
+def batch_sequences(metrics: str) -> PeerCounters:
+    """A peer's counters, from its /metrics text."""
+    names = {
+        "swarm_engine_batch_sequences_sum": "sequences",
+        "swarm_engine_batch_sequences_count": "iterations",
+        "swarm_engine_iteration_seconds_sum": "busy_s",
+        "process_cpu_seconds_total": "cpu_s",
+    }
+    values = dict.fromkeys(PeerCounters._fields, 0.0)
     for line in metrics.splitlines():
-        if line.startswith("swarm_engine_batch_sequences_sum"):
-            total += float(line.split()[-1])
-        elif line.startswith("swarm_engine_batch_sequences_count"):
-            count += float(line.split()[-1])
-        elif line.startswith("process_cpu_seconds_total"):
-            cpu_s = float(line.split()[-1])
-    return total, count, cpu_s
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            values[names[name]] += float(line.split()[-1])
+    return PeerCounters(**values)
 
 
-def _batch_counters(metrics_urls: list[str]) -> list[tuple[float, float, float]]:
-    """Each peer's `batch_sequences`, read from its /metrics."""
+def _batch_counters(metrics_urls: list[str]) -> list[PeerCounters]:
+    """Each peer's counters, read from its /metrics."""
     return [batch_sequences(urllib.request.urlopen(url, timeout=10).read().decode()) for url in metrics_urls]
 
 
-def mean_batches(before: list[tuple[float, ...]], after: list[tuple[float, ...]]) -> list[float]:
+def mean_batches(before: list[PeerCounters], after: list[PeerCounters]) -> list[float]:
     """Each peer's mean sequences per engine iteration between two reads of its counters (0 if it ran none)."""
     return [
-        round((total - total_0) / max(count - count_0, 1), 2)
-        for (total_0, count_0, *_), (total, count, *_) in zip(before, after, strict=True)
+        round((b.sequences - a.sequences) / max(b.iterations - a.iterations, 1), 2)
+        for a, b in zip(before, after, strict=True)
     ]
+
+
+def engine_times(before: list[PeerCounters], after: list[PeerCounters], wall_s: float) -> dict:
+    """Each peer's mean engine iteration (ms) and the share of the level's wall time its engine was busy: a low
+    share with a slow level means the time goes outside the model (messages, codec, client)."""
+    iterations = [max(b.iterations - a.iterations, 1) for a, b in zip(before, after, strict=True)]
+    busy = [b.busy_s - a.busy_s for a, b in zip(before, after, strict=True)]
+    return {
+        "iteration_ms_per_peer": [round(1000 * s / n, 2) for s, n in zip(busy, iterations, strict=True)],
+        "engine_busy_share_per_peer": [round(s / max(wall_s, 1e-9), 3) for s in busy],
+    }
 
 
 def cpu_ms_per_token(client_cpu_s: float, before, after, tokens: int) -> dict:
     """CPU milliseconds each process spent per generated token: the client processes together, then each peer
     (where the time goes on a machine whose cores they share)."""
-    peers = [cpu - cpu_0 for (*_, cpu_0), (*_, cpu) in zip(before, after, strict=True)]
+    peers = [b.cpu_s - a.cpu_s for a, b in zip(before, after, strict=True)]
     per_token = 1000 / max(tokens, 1)
     return {"client": round(client_cpu_s * per_token, 3), "peers": [round(cpu * per_token, 3) for cpu in peers]}
 
@@ -196,6 +219,7 @@ def run_level(
         "first_token_ms": round(1000 * statistics.median(level.first_token_s or [float("nan")]), 1),
         "mean_batch_per_peer": mean_batches(before, after),  # sequences per engine iteration, each peer
         "cpu_ms_per_token": cpu_ms_per_token(client_cpu_s, before, after, tokens),
+        **engine_times(before, after, wall_s),
         "wall_s": round(wall_s, 1),
         "failures": len(level.failures),
         "failure_examples": level.failures[:2],

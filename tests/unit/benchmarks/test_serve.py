@@ -13,8 +13,10 @@ from transformers import AutoModelForCausalLM
 from benchmarks.hf_baseline import efficiency, greedy_tokens, greedy_tokens_per_s
 from benchmarks.serve import (
     SMOLLM2_VOCAB,
+    PeerCounters,
     batch_sequences,
     cpu_ms_per_token,
+    engine_times,
     mean_batches,
     summary,
     vocab_size,
@@ -29,6 +31,7 @@ swarm_engine_batch_sequences_bucket{le="1.0"} 3.0
 swarm_engine_batch_sequences_count 10.0
 swarm_engine_batch_sequences_sum 42.0
 swarm_engine_step_seconds_sum 9.0
+swarm_engine_iteration_seconds_sum 2.5
 process_cpu_seconds_total 3.5
 """
 
@@ -71,13 +74,28 @@ def test_efficiency_is_swarm_over_baseline_at_each_level_both_measured() -> None
 
 
 def test_each_peers_mean_batch_comes_from_its_own_counters() -> None:
-    assert batch_sequences(METRICS) == (42.0, 10.0, 3.5)
-    assert batch_sequences("") == (0.0, 0.0, 0.0)
-    assert mean_batches([(2.0, 1.0, 0.0), (0.0, 0.0, 0.0)], [(42.0, 11.0, 0.0), (0.0, 0.0, 0.0)]) == [4.0, 0.0]
+    assert batch_sequences(METRICS) == PeerCounters(sequences=42.0, iterations=10.0, busy_s=2.5, cpu_s=3.5)
+    assert batch_sequences("") == PeerCounters()
+    before, after = [PeerCounters(2.0, 1.0), PeerCounters()], [PeerCounters(42.0, 11.0), PeerCounters()]
+    assert mean_batches(before, after) == [4.0, 0.0]
+
+
+def test_engine_times_are_each_peers_mean_iteration_and_busy_share() -> None:
+    before, after = (
+        [PeerCounters(iterations=10, busy_s=1.0), PeerCounters()],
+        [PeerCounters(iterations=30, busy_s=2.0), PeerCounters()],
+    )
+    assert engine_times(before, after, wall_s=4.0) == {
+        "iteration_ms_per_peer": [50.0, 0.0],
+        "engine_busy_share_per_peer": [0.25, 0.0],
+    }
 
 
 def test_cpu_per_token_is_each_processs_cpu_over_the_levels_tokens() -> None:
-    before, after = [(0.0, 0.0, 1.0), (0.0, 0.0, 2.0)], [(0.0, 0.0, 3.0), (0.0, 0.0, 2.5)]
+    before, after = (
+        [PeerCounters(cpu_s=1.0), PeerCounters(cpu_s=2.0)],
+        [PeerCounters(cpu_s=3.0), PeerCounters(cpu_s=2.5)],
+    )
     assert cpu_ms_per_token(4.0, before, after, tokens=1000) == {"client": 4.0, "peers": [2.0, 0.5]}
 
 
