@@ -23,6 +23,7 @@ from swarm.client.chat import render_chat
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
 
+from ..api_schemas import CLOCK_TOOL, PERSON, WEATHER_TOOL
 from ..daemons import poll_until
 from ..user_process import run_cli
 from .conftest import API_KEY, ORPHAN_MODEL, RunningApi, RunningSwarm
@@ -260,6 +261,62 @@ def test_a_tool_call_round_trips_through_the_official_client(client: openai.Open
     ]
     reply = client.chat.completions.create(**ask, messages=history, tool_choice="none").choices[0]
     assert reply.finish_reason in ("stop", "length") and reply.message.content and not reply.message.tool_calls
+
+
+CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Tokyo", "Quito", "Delhi", "Perth", "Rome", "Kyiv"]
+EACH = 20  # requests of each kind
+
+
+def _constrained_request(kind: str, index: int) -> dict:
+    """The `index`-th sampled request of `kind`: a named or required tool call, a json_schema or json_object."""
+    city = CITIES[index % len(CITIES)]
+    ask = {"model": MODEL, "temperature": 0.8, "seed": index, "max_tokens": 80}
+    if kind in ("named", "required"):
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        return {
+            **ask, "messages": [{"role": "user", "content": f"What is the weather in {city}?"}],
+            "tools": [WEATHER_TOOL, CLOCK_TOOL], "tool_choice": named if kind == "named" else "required",
+        }  # fmt: skip
+    person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    response_format, limit = (person, 160) if kind == "json_schema" else ({"type": "json_object"}, 48)
+    messages = [{"role": "user", "content": f"Describe someone from {city} as JSON."}]
+    return {**ask, "messages": messages, "response_format": response_format, "max_tokens": limit}
+
+
+def _check_constrained(kind: str, choice) -> None:
+    import jsonschema
+
+    if kind in ("named", "required"):
+        assert choice.finish_reason == "tool_calls", choice
+        [call] = choice.message.tool_calls
+        assert kind == "required" or call.function.name == "get_weather"
+        tool = WEATHER_TOOL if call.function.name == "get_weather" else CLOCK_TOOL
+        jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    elif kind == "json_schema":
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    elif choice.finish_reason == "stop":  # json_object: an object, unless max_tokens cut it (as OpenAI's may be)
+        assert isinstance(json.loads(choice.message.content), dict), choice
+    else:
+        assert choice.message.content.startswith("{"), choice
+
+
+@pytest.mark.timeout(600)
+def test_twenty_sampled_requests_of_each_constrained_kind_all_parse_and_validate(client: openai.OpenAI) -> None:
+    """With the official client, 16 at once: 20 requests each with tool_choice named and required, json_schema
+    (nested object, enum, array, pattern) and json_object; every call's arguments and every schema answer
+    validate with jsonschema."""
+    kinds = [kind for kind in ("named", "required", "json_schema", "json_object") for _ in range(EACH)]
+
+    def ask(numbered: tuple[int, str]) -> tuple[str, object]:
+        index, kind = numbered
+        return kind, client.chat.completions.create(**_constrained_request(kind, index)).choices[0]
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, enumerate(kinds)))
+    assert len(answers) == 4 * EACH
+    for kind, choice in answers:
+        _check_constrained(kind, choice)
 
 
 def test_the_responses_api_answers_as_chat_does_whole_and_streamed(client: openai.OpenAI) -> None:

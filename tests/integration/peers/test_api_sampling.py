@@ -20,6 +20,8 @@ from swarm.client.chat import render_chat
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
 
+from ..api_schemas import CLOCK_TOOL, PERSON, WEATHER_TOOL
+
 PROMPTS = [
     "The capital of France is Paris, and the capital of Germany is",
     "Water boils at a temperature of",
@@ -152,26 +154,6 @@ def test_logit_bias_stop_token_ids_and_min_tokens_steer_the_sampler(service: Ope
     assert len(asyncio.run(service.complete(late))["choices"][0]["logprobs"]["tokens"]) >= 4
 
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "pet": {"enum": ["cat", "dog", "none"]},
-        "address": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 24},
-                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-            },
-            "required": ["city", "zip"],
-            "additionalProperties": False,
-        },
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 16}, "minItems": 1, "maxItems": 3},
-    },
-    "required": ["name", "age", "pet", "address", "hobbies"],
-    "additionalProperties": False,
-}
 SUBJECTS = ["a baker", "a pilot", "a child", "a farmer", "a painter", "a teacher", "a nurse", "a sailor"]
 
 
@@ -213,22 +195,6 @@ def test_guided_choice_and_regex_hold_the_answer_to_them(service: OpenAIService)
         assert chosen["choices"][0]["text"] in ("yes", "no")
         dated = asyncio.run(service.complete(CompletionRequest(**base, seed=seed, guided_regex=r"[0-9]{4}-[0-9]{2}")))
         assert re.fullmatch(r"[0-9]{4}-[0-9]{2}", dated["choices"][0]["text"]), dated["choices"][0]
-
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-CLOCK_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 
 
 def test_required_and_named_tool_calls_are_valid_calls_every_time(service: OpenAIService) -> None:

@@ -11,7 +11,7 @@ import pytest
 from swarm.api.errors import ApiError
 from swarm.api.protocol import ChatCompletionRequest
 from swarm.api.structured import compiled
-from swarm.api.tools import Tools, history_as_text
+from swarm.api.tools import Tools, closed_objects, history_as_text
 
 WEATHER = {
     "type": "function",
@@ -86,3 +86,27 @@ def test_a_history_with_calls_and_results_renders_as_text() -> None:
     rendered = history_as_text(history)
     assert json.loads(rendered[1]["content"]) == {"name": "get_time", "arguments": {}}
     assert rendered[2] == history[2] and rendered[0] == history[0]
+
+
+def test_a_required_call_takes_only_the_arguments_its_function_declares() -> None:
+    required = Tools.of(request(tool_choice="required")).schema()
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "get_time", "arguments": {"zone": "UTC"}}, required)
+
+
+def test_closing_objects_keeps_what_a_schema_says_and_reads_property_names_as_names() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": {"type": "integer"}}},
+            "free": {"type": "object", "properties": {}, "additionalProperties": True},
+        },
+        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}}}},
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert set(closed["properties"]) == {"properties", "free"}
+    assert closed["properties"]["properties"]["additionalProperties"] is False
+    assert closed["properties"]["free"]["additionalProperties"] is True
+    assert closed["$defs"]["point"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the caller's schema is not changed
