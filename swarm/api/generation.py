@@ -164,8 +164,8 @@ class Generation:
         """Feed the prompt but its last token in one step; each prompt token's log-probability (the first: None)."""
         if input_ids.shape[1] < 2:
             return [None]
-        # Every choice's row holds the same prompt: the first row's logits are all of them.
-        logits = (chunk[0] for chunk in self._session.each_logits(input_ids[:, :-1], HEAD_CHUNK))
+        # Every choice's row holds the same prompt: the LM head runs on the first row alone.
+        logits = (chunk[0] for chunk in self._session.each_logits(input_ids[:, :-1], HEAD_CHUNK, rows=1))
         return prompt_logprobs(logits, self.prompt_ids, self.sampling.logprobs or 0)
 
     def _generate(self, input_ids: torch.Tensor) -> None:

@@ -14,7 +14,13 @@ DEFAULT_MAX_TOKENS = 512  # when a request does not say: a session reserves prom
 MAX_PROMPTS = 64  # prompts in one completions request; each is a session of n rows on the peers
 
 
-def prompts_ids(tokenizer: Any, vocab: int, prompt: str | list, n: int) -> list[list[int]]:
+def check_token_ids(tokens: list[int], vocab: int, param: str) -> None:
+    """A 400 naming `param` unless every id is one of the model's `vocab` tokens."""
+    if any(not 0 <= token < vocab for token in tokens):
+        raise invalid(f"{param}: token ids must be in [0, {vocab})", param=param)
+
+
+def prompts_ids(tokenizer: Any, vocab: int, prompt: str | list) -> list[list[int]]:
     """`prompt` as OpenAI takes it (a string, token ids, a list of strings, a list of token-id lists) as one list of
     token ids per prompt."""
     if isinstance(prompt, str) or (prompt and all(isinstance(item, int) for item in prompt)):
@@ -25,8 +31,7 @@ def prompts_ids(tokenizer: Any, vocab: int, prompt: str | list, n: int) -> list[
         raise invalid(f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}", param="prompt")
     prompts = [tokenizer(one).input_ids if isinstance(one, str) else list(one) for one in prompt]
     for ids in prompts:
-        if any(not 0 <= token < vocab for token in ids):
-            raise invalid(f"token ids must be in [0, {vocab})", param="prompt")
+        check_token_ids(ids, vocab, "prompt")
     return prompts
 
 
@@ -43,9 +48,8 @@ def sampling_for(
     under `grammar` (structured.grammar_for) if any."""
     max_new = _max_new_tokens(request, ids, limit, context)
     bias = request.logit_bias or {}
-    for param, tokens in (("logit_bias", list(bias)), ("stop_token_ids", request.stop_token_ids or [])):
-        if any(not 0 <= token < vocab for token in tokens):
-            raise invalid(f"{param}: token ids must be in [0, {vocab})", param=param)
+    check_token_ids(list(bias), vocab, "logit_bias")
+    check_token_ids(request.stop_token_ids or [], vocab, "stop_token_ids")
     return Sampling(
         max_new_tokens=max_new,
         temperature=request.temperature,

@@ -21,7 +21,7 @@ from swarm.api.metrics import ApiMetrics
 from swarm.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from swarm.api.reply import EventStream, Reply, RequestClock
 from swarm.api.responses import ResponseEvents, ResponsesRequest, whole_response
-from swarm.api.sampling import prompts_ids, sampling_for
+from swarm.api.sampling import check_token_ids, prompts_ids, sampling_for
 from swarm.api.structured import compiled, grammar_for
 from swarm.api.tools import Tools, history_as_text
 from swarm.client import DistributedModelForCausalLM
@@ -123,7 +123,7 @@ class OpenAIService:
     async def complete(self, request: CompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
         served = self._model(request.model)
         _refuse(request.refused_fields())
-        prompts = prompts_ids(served.tokenizer, served.vocab, request.prompt, request.n)
+        prompts = prompts_ids(served.tokenizer, served.vocab, request.prompt)
         grammar = grammar_for(request)
         return await self._complete("text", served, request, prompts, request.token_limit, request.echo, grammar)
 
@@ -147,8 +147,7 @@ class OpenAIService:
 
     def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
         served = self._model(request.model or next(iter(self.models)))
-        if any(not 0 <= token < served.vocab for token in request.tokens):
-            raise invalid(f"token ids must be in [0, {served.vocab})", param="tokens")
+        check_token_ids(request.tokens, served.vocab, "tokens")
         return {"prompt": served.tokenizer.decode(request.tokens)}
 
     def close(self) -> None:

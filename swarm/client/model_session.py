@@ -68,10 +68,11 @@ class ModelSession:
         `count` ids (not all n: the LM head over a long prompt costs as much as a few decoding steps)."""
         return self.model.shared_head.logits(self._append(ids)[:, -count:])
 
-    def each_logits(self, ids: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
-        """Append ids [batch, n] to the session in one step; yields the logits [batch, <= chunk, vocab] after each of
-        them, `chunk` positions at a time (a prompt's log-probabilities without [n, vocab] floats at once)."""
-        hidden = self._append(ids)
+    def each_logits(self, ids: torch.Tensor, chunk: int, rows: int | None = None) -> Iterator[torch.Tensor]:
+        """Append ids [batch, n] to the session in one step; yields the logits [rows, <= chunk, vocab] after each of
+        them, `chunk` positions at a time (a prompt's log-probabilities without [n, vocab] floats at once), for the
+        first `rows` rows (None: all; 1 where every row holds the same ids, as n choices of one prompt do)."""
+        hidden = self._append(ids)[:rows]
         for start in range(0, hidden.shape[1], chunk):
             yield self.model.shared_head.logits(hidden[:, start : start + chunk])
 

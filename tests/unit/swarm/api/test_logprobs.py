@@ -90,7 +90,7 @@ def test_min_tokens_bans_the_end_tokens_until_enough_were_generated() -> None:
     ("prompt", "count"), [("one", 1), ([1, 2, 3], 1), (["one", "two", "three"], 3), ([[1, 2], [3], [4, 5, 6]], 3)]
 )
 def test_every_prompt_form_becomes_token_ids_per_prompt(tokenizer, prompt, count: int) -> None:
-    prompts = prompts_ids(tokenizer, tokenizer.vocab_size, prompt, n=1)
+    prompts = prompts_ids(tokenizer, tokenizer.vocab_size, prompt)
     assert len(prompts) == count and all(ids and all(isinstance(token, int) for token in ids) for ids in prompts)
     if isinstance(prompt, list) and isinstance(prompt[0], list):
         assert prompts == prompt
@@ -99,7 +99,7 @@ def test_every_prompt_form_becomes_token_ids_per_prompt(tokenizer, prompt, count
 @pytest.mark.parametrize("prompt", [[], [[1, 2], [10**7]], [-1]])
 def test_an_empty_or_out_of_vocabulary_prompt_names_prompt(tokenizer, prompt) -> None:
     with pytest.raises(ApiError) as raised:
-        prompts_ids(tokenizer, tokenizer.vocab_size, prompt, n=1)
+        prompts_ids(tokenizer, tokenizer.vocab_size, prompt)
     assert raised.value.status == 400 and raised.value.param == "prompt"
 
 
