@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
@@ -18,13 +19,17 @@ from urllib.parse import urlsplit
 from swarm.errors import SwarmError
 from swarm.ray_reaper import TAG_VARIABLE, start_reaper
 
-CLIENT_CONNECT_TIMEOUT_S = 5.0  # a Ray Client address that does not answer a TCP connect within this is unreachable
+CLIENT_CONNECT_TIMEOUT_S = 5.0  # a Ray Client or GCS address that does not answer a TCP connect within this
 LOOPBACK = "127.0.0.1"
+# Ray's switch (read once, at its import) that makes it replace 127.0.0.1 with the machine's external address.
+CLUSTER_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def connect_ray(address: str | None, *, lean: bool = False, dashboard: bool = False) -> None:
     """Attach to the Ray cluster at `address`, or start a local one that listens on 127.0.0.1 only and whose
     processes die with this one (swarm/ray_reaper.py). Either way the process keeps its SIGINT and SIGTERM handlers.
+    An address on loopback (the `ray address:` that `swarm up` prints) is dialled as given (_keep_ray_on_loopback);
+    one that nothing answers is a SwarmError naming it within CLIENT_CONNECT_TIMEOUT_S.
 
     A local Ray has no dashboard unless `dashboard`. A `lean` one (a peer's: nothing but its stage actors runs there)
     also starts neither Ray's API server (`ray job submit`, the state API), nor the autoscaler's monitor, nor the log
@@ -32,9 +37,9 @@ def connect_ray(address: str | None, *, lean: bool = False, dashboard: bool = Fa
     less, and a start about 3 s shorter on this machine (benchmarks/peer_footprint.py). Ray 2.60 has no way to run a
     node without its dashboard agent and runtime-env agent: the raylet refuses an empty command for either.
     """
+    if address is None or is_loopback_gcs_address(address):
+        _keep_ray_on_loopback()
     if address is None:
-        # Read by Ray at import: without it a local Ray binds the machine's external address (DESIGN.md).
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         # A plain local Ray would otherwise write ~/.ray/auth_token and break later Ray Client use.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         # Ray reports usage statistics to Anyscale by default; a swarm's operator opts in by setting it to 1.
@@ -46,7 +51,7 @@ def connect_ray(address: str | None, *, lean: bool = False, dashboard: bool = Fa
     common = {"logging_level": logging.WARNING, "log_to_driver": False}
     with _signals_held():
         if address is not None:
-            check_client_address(address)
+            check_ray_address(address)
             try:
                 ray.init(address=address, **common)
             except ConnectionError as error:
@@ -77,6 +82,13 @@ def stdout_for_results_only() -> Iterator[None]:
             ray.shutdown()
 
 
+def check_ray_address(address: str) -> None:
+    """SwarmError at once (within CLIENT_CONNECT_TIMEOUT_S) when nothing listens at a Ray Client or GCS address;
+    connect_ray calls it, and a command may call it first to fail before it starts anything else."""
+    check_client_address(address)
+    check_gcs_address(address)
+
+
 def check_client_address(address: str) -> None:
     """For a Ray Client address (ray://HOST:PORT), raise SwarmError at once when nothing listens there (Ray itself
     retries for 30 s, then says only "ray client connection timeout")."""
@@ -96,6 +108,62 @@ def check_client_address(address: str) -> None:
             f"cannot reach the Ray Client server at {address} ({error}): is the cluster's head up "
             "(`ray start --head --ray-client-server-port PORT`) and the port open to this machine?"
         ) from None
+
+
+def check_gcs_address(address: str) -> None:
+    """For a cluster's GCS address (HOST:PORT, what `swarm up` prints as `ray address:`), raise SwarmError at once
+    when nothing listens there. ray.init would retry for minutes, printing only Ray's warnings (Ray 2.60: up to 20
+    attempts, measured at about 40 s each), and a stop signal waits for the end of the attempt under way."""
+    parsed = _gcs_host_port(address)
+    if parsed is None:
+        return  # ray://, auto, local, or no port: Ray Client's check, or ray.init, deals with it
+    try:
+        socket.create_connection(parsed, timeout=CLIENT_CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise SwarmError(
+            f"cannot reach the Ray cluster's GCS at {address} ({error}): is the cluster up (`swarm up` prints its "
+            "address as `ray address:`; `ray start --head` listens on --port) and the port open to this machine?"
+        ) from None
+
+
+def is_loopback_gcs_address(address: str) -> bool:
+    """Whether `address` is a GCS address (HOST:PORT) on this machine's loopback: 127.0.0.0/8, ::1 or localhost."""
+    parsed = _gcs_host_port(address)
+    if parsed is None:
+        return False
+    if parsed[0] == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(parsed[0]).is_loopback
+    except ValueError:
+        return False  # a host name: Ray leaves it alone
+
+
+def _gcs_host_port(address: str) -> tuple[str, int] | None:
+    """HOST and PORT of a GCS address HOST:PORT ([HOST]:PORT for IPv6), or None for anything else."""
+    if "://" in address:
+        return None
+    try:
+        parts = urlsplit(f"//{address}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    return (host, port) if host and port else None
+
+
+def _keep_ray_on_loopback() -> None:
+    """Keep 127.0.0.1 as 127.0.0.1, in the address this process starts Ray on and in the address it dials.
+
+    Ray replaces a loopback host, in ray.init's address and in its _node_ip_address, with the machine's address
+    toward the internet unless CLUSTER_VARIABLE is 0 (ray._private.services.resolve_ip_for_localhost). A GCS that
+    `swarm up` started listens on 127.0.0.1 only, so `swarm api --ray-address 127.0.0.1:PORT` dialled
+    EXTERNAL_IP:PORT and retried for minutes (issue 38). Ray reads the variable once, when it is imported, and a
+    command may have imported Ray before this (`swarm api` imports Ray Serve first): then Ray's constant is set too.
+    """
+    os.environ[CLUSTER_VARIABLE] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
 
 
 def _start_lean_head() -> Any:

@@ -49,6 +49,7 @@ UNIT_MODULES_THAT_START_PROCESSES = frozenset(
 SYSTEM_DIRECTORIES = ("chaos/", "cuda/")
 SYSTEM_MODULES = frozenset(
     {
+        "integration/cluster/test_netns_api.py",
         "integration/cluster/test_netns_link.py",
         "integration/cluster/test_netns_private.py",
         "integration/cluster/test_netns_swarm.py",

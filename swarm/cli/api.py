@@ -71,6 +71,10 @@ def run(ns: argparse.Namespace) -> int:
             raise InvalidArgument("--api-keys", f"{ns.api_keys} is not a file")
         read_api_keys(ns.api_keys)  # a file with no key would turn authentication off: refuse to start
     free_port(ns.host, ns.port, "--port")
+    if ns.ray_address is not None:
+        from swarm.ray_cluster import check_ray_address
+
+        check_ray_address(ns.ray_address)  # before the DHT join: a wrong address is told in a second or two
     _check_initial_peers(ns.initial_peers, credentials)
     with StopSignals() as signals:
         return _serve(ns, models, signals)

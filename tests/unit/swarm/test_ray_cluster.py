@@ -1,5 +1,7 @@
-"""check_client_address: a Ray Client address nothing listens at fails at once, in one line that says what to check
-(Ray itself retries for 30 s and then says only "ray client connection timeout")."""
+"""check_client_address and check_gcs_address: a Ray Client or GCS address nothing listens at fails at once, in one
+line that says what to check (Ray itself retries for 30 s, or for minutes, printing only its warnings); a loopback GCS
+address is dialled as given, even when Ray was imported first (issue 38: it dialled the machine's external address).
+tests/integration/cluster/test_netns_api.py runs the whole of it on a machine whose address is not loopback."""
 
 from __future__ import annotations
 
@@ -8,7 +10,13 @@ import socket
 import pytest
 
 from swarm.errors import SwarmError
-from swarm.ray_cluster import check_client_address
+from swarm.ray_cluster import (
+    CLUSTER_VARIABLE,
+    _keep_ray_on_loopback,
+    check_client_address,
+    check_gcs_address,
+    is_loopback_gcs_address,
+)
 
 
 def test_an_unreachable_ray_client_address_fails_at_once_and_says_what_to_check() -> None:
@@ -32,3 +40,51 @@ def test_a_listening_address_and_other_addresses_pass() -> None:
         sock.listen()
         check_client_address(f"ray://127.0.0.1:{sock.getsockname()[1]}")
     check_client_address("auto")  # not Ray Client: left to ray.init
+
+
+def test_an_unreachable_gcs_address_fails_at_once_and_names_it() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: refused
+        with pytest.raises(
+            SwarmError, match=rf"cannot reach the Ray cluster's GCS at 127.0.0.1:{port} \(.*ray address"
+        ):
+            check_gcs_address(f"127.0.0.1:{port}")
+
+
+def test_a_listening_gcs_address_and_other_addresses_pass() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        check_gcs_address(f"127.0.0.1:{sock.getsockname()[1]}")
+    for address in ("auto", "local", "ray://127.0.0.1:1", "127.0.0.1"):  # left to Ray Client's check or ray.init
+        check_gcs_address(address)
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        ("127.0.0.1:6379", True),
+        ("127.0.0.2:6379", True),
+        ("localhost:6379", True),
+        ("[::1]:6379", True),
+        ("10.77.0.10:6379", False),
+        ("head.example:6379", False),
+        ("ray://127.0.0.1:10001", False),  # Ray Client: dialled as given
+        ("auto", False),
+        ("127.0.0.1", False),  # no port: not a GCS address
+    ],
+)
+def test_loopback_gcs_addresses(address: str, loopback: bool) -> None:
+    assert is_loopback_gcs_address(address) is loopback
+
+
+def test_loopback_stays_loopback_when_ray_was_imported_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray reads its switch at import: setting the variable afterwards alone would leave 127.0.0.1 rewritten."""
+    from ray._private import ray_constants, services
+
+    monkeypatch.setenv(CLUSTER_VARIABLE, "1")  # restored afterwards, as is Ray's constant
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)  # as imported without the variable
+    _keep_ray_on_loopback()
+    assert services.canonicalize_bootstrap_address("127.0.0.1:6379") == "127.0.0.1:6379"
+    assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
