@@ -38,7 +38,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def _kill_all(namespace: str) -> list[int]:
-    pids = [int(pid) for pid in _ip("netns", "pids", namespace, check=False).stdout.split()]
+    pids = [int(pid) for pid in _ip("netns", "pids", namespace, check=False).stdout.split()]  # see WanLink.pids
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -204,6 +204,11 @@ class WanLink:
     def kill_host(self, host: str) -> list[int]:
         """SIGKILL every process in `host`'s namespace at once, as when a machine is lost; returns their PIDs."""
         return _kill_all(self.namespace(host))
+
+    def pids(self, host: str) -> list[int]:
+        """The PIDs in `host`'s namespace now. A process `popen` just started joins it a moment later (`ip netns
+        exec` enters the namespace, then execs): a caller that must find it there waits for it."""
+        return [int(pid) for pid in _ip("netns", "pids", self.namespace(host), check=False).stdout.split()]
 
     def close(self) -> None:
         """Kill every process started here and every process left in the namespaces, then delete them."""

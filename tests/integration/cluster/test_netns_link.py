@@ -12,6 +12,8 @@ import pytest
 from benchmarks.netns import WanLink, namespaces, unavailable_reason
 from benchmarks.netns.probe import measure_rtt
 
+from ..daemons import poll_until
+
 REASON = unavailable_reason()
 pytestmark = [
     pytest.mark.skipif(REASON is not None, reason=f"multi-host tests need network namespaces: {REASON}"),
@@ -44,7 +46,8 @@ def test_rate_limit_holds_both_ways_through_the_relay() -> None:
 def test_a_lost_host_and_a_failed_block_leave_nothing_behind() -> None:
     with pytest.raises(RuntimeError), WanLink(["a", "b"], rtt_ms=10) as net:
         sleeper = net.popen("b", ["sleep", "60"])
-        assert net.kill_host("b") and sleeper.wait(10) == -9
+        poll_until(lambda: sleeper.pid in net.pids("b"), 10, lambda: f"{sleeper.pid} not in {net.pids('b')}")
+        assert sleeper.pid in net.kill_host("b") and sleeper.wait(10) == -9
         started = [net.popen("a", ["sleep", "60"]), *net.processes]  # the relay among them
         raise RuntimeError("the test fails inside the block")
     assert not [name for name in namespaces() if name.startswith(net.run_id)]
