@@ -57,6 +57,9 @@ class ServerConfig:
     cache_tokens: int | None = None
     cache_gib: float | None = None
     page_size: int = 16  # tokens per KV page
+    # Keep the KV pages of finished prompts for the same client's next sessions (peers/prefix_cache.py); only where
+    # page_size is a multiple of its KEY_TOKENS (16)
+    prefix_cache: bool = True
     max_session_length: int = 8192
     session_idle_s: float = 300.0  # a session with no step for this long is closed and its pages returned
     max_sessions: int = 1024  # open inference sessions; each is a coroutine on the serving loop, not a thread
@@ -174,7 +177,15 @@ class PeerConfig:
             port=ns.port,
             cache_tokens=ns.cache_tokens,
             cache_gib=ns.cache_gib,
-            **given(ns, "page_size", "max_batch_tokens", "session_idle_s", "max_sessions", "max_message_bytes"),
+            **given(
+                ns,
+                "page_size",
+                "prefix_cache",
+                "max_batch_tokens",
+                "session_idle_s",
+                "max_sessions",
+                "max_message_bytes",
+            ),
             limits=limits,
             credentials=SwarmCredentials.choose(ns.credentials, ns.open),
             adapters=str(getattr(ns, "adapters", None) or ""),

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from peers.engine_pages import SessionPages
+from peers.engine_prefix import SessionPrefixes
 from peers.engine_records import EngineConfig, EngineSession, Step
 from peers.kv_cache import Sequence
 from peers.lora import LoraWeights
@@ -49,7 +50,7 @@ LostHandler = Callable[[str, SwarmError], None]  # a session the engine closed o
 REAP_PERIOD_S = 1.0  # how often the loop looks for idle sessions when nothing else wakes it
 
 
-class Engine(SessionPages):
+class Engine(SessionPages, SessionPrefixes):
     """Sessions, their pages and the loop. Thread-safe: the service calls it from many RPC threads."""
 
     def __init__(
@@ -164,8 +165,7 @@ class Engine(SessionPages):
                 raise InvalidRequest(f"session {session_id!r} sent a step before its previous one was answered")
             if hypo_ids is not None and (len(hypo_ids) != rows or not all(0 <= h < rows for h in hypo_ids)):
                 raise InvalidRequest(f"hypo_ids must name one of the session's {rows} rows per row, got {hypo_ids}")
-            for sequence in session.sequences:
-                sequence.truncate(self.pool, position)
+            self._truncate(session, position)
             session.pending = Step(session, hidden, position, hypo_ids)
             session.last_used = self.clock()
             self._cond.notify()
@@ -355,6 +355,7 @@ class Engine(SessionPages):
         step.outputs.append(output)
         for sequence in session.sequences:
             sequence.length = step.position + step.done
+        self._index_pages(session)
         if step.remaining == 0:
             session.pending, session.last_used = None, self.clock()
             resolve(step.future, torch.cat(step.outputs, dim=1) if len(step.outputs) > 1 else step.outputs[0])

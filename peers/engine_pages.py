@@ -54,12 +54,13 @@ class SessionPages:
                 lost.extend(self._fork_beams(step))
                 if step.future.done():
                     continue
-            length = step.position + step.done + chunk.tokens
-            needed = self._pages_needed(session, length)
+            start = step.position + step.done
+            length = start + chunk.tokens
+            needed = self._pages_needed(session, start, length)
             if session.admitted is None:
                 # Admitted while its whole first step (not only this chunk of it) fits and the running sequences'
                 # next tokens still find room: a long prompt admitted on its first chunk would preempt others later.
-                whole = self._pages_needed(session, step.position + step.hidden.shape[1])
+                whole = self._pages_needed(session, start, step.position + step.hidden.shape[1])
                 room = whole + self._pages_for_next_tokens() if whole else 0
                 if room > self.pool.pages_free:  # clients over their share give pages back first, if any
                     lost.extend(self._preempt(self._over_share(session, whole), room))
@@ -73,13 +74,16 @@ class SessionPages:
                 if step.future.done():
                     continue
             for sequence in session.sequences:
+                sequence.make_writable(self.pool, start)  # a shared or cached page is copied first
                 sequence.grow(self.pool, length)
             planned.append(chunk)
             self._planned.add(session.session_id)
         return planned, lost
 
-    def _pages_needed(self, session: EngineSession, length: int) -> int:
-        return sum(sequence.pages_needed(length, self.pool.page_size) for sequence in session.sequences)
+    def _pages_needed(self, session: EngineSession, start: int, length: int) -> int:
+        """Pages to take before the session's rows hold `length` tokens, writing from `start` on."""
+        page = self.pool.page_size
+        return sum(s.pages_needed(length, page) + s.copies_to_write(self.pool, start) for s in session.sequences)
 
     def _fork_beams(self, step: Step) -> list[Lost]:
         """Reorder the session's rows as the step's hypo_ids say, preempting newer sessions for the pages that
@@ -88,7 +92,7 @@ class SessionPages:
         assert hypo_ids is not None
         step.hypo_ids = None
         lost: list[Lost] = []
-        needed = copies_needed(session.sequences, hypo_ids)
+        needed = copies_needed(session.sequences, hypo_ids, self.pool)
         if needed > self.pool.pages_free:
             lost = self._preempt_for(session, needed)
             if step.future.done():

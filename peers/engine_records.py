@@ -45,6 +45,12 @@ class EngineSession:
     pending: Step | None = None
     adapter: LoraWeights | None = None  # a served adapter its rows run with (peers/served_adapters.py)
     client: str = ""  # who opened it (peers/limits.py client_key): pages are shared fairly between clients
+    # Prefix caching (peers/engine_prefix.py): the client's keys of its tokens, pages of the first row indexed so
+    # far, whether it may still start from cached pages (no step yet) and whether it did.
+    prefix_keys: list[bytes] = field(default_factory=list)
+    indexed: int = 0
+    fresh: bool = True
+    attached: bool = False
 
     @property
     def pages_held(self) -> int:

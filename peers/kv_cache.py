@@ -1,18 +1,22 @@
 """The peer's KV cache: one pool of fixed-size pages allocated at start, and the page tables of sequences.
 
 A page holds `page_size` tokens of keys and values for every block of the span. A sequence takes pages as its tokens
-arrive and gives back those past its length on rollback, and all of them when its session ends. Only the engine's
-loop (peers/engine.py) changes page tables; other threads only read the counts.
+arrive and gives back those past its length on rollback, and all of them when its session ends. With prefix caching
+(peers/prefix_cache.py) a page may be held by several sequences and outlive them all: the pool counts its holders,
+and a page indexed by the cache goes, when the last one lets it go, to the cache's evictable pages rather than back
+to the free list. Only the engine's loop (peers/engine.py) changes page tables; other threads only read the counts.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
+from peers.prefix_cache import PrefixIndex
 from swarm.errors import Overloaded
 
 if TYPE_CHECKING:
@@ -54,7 +58,9 @@ class PagePool:
     unused pool costs address space, not RAM.
     """
 
-    def __init__(self, shape: PoolShape, dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(
+        self, shape: PoolShape, dtype: torch.dtype, device: str | torch.device, prefix_cache: bool = False
+    ) -> None:
         self.shape = shape
         slots = shape.num_pages * shape.page_size
         size = (shape.num_layers, slots, shape.kv_heads, shape.head_dim)
@@ -62,6 +68,8 @@ class PagePool:
         self.values = torch.empty(size, dtype=dtype, device=device)
         self._free = list(range(shape.num_pages - 1, -1, -1))  # a stack: the last freed page is reused first
         self._unzeroed: list[int] = []  # taken since the last zero_taken()
+        self._holders = [0] * shape.num_pages  # sequences holding each page
+        self.cache = PrefixIndex(shape.page_size) if prefix_cache else None
 
     @property
     def page_size(self) -> int:
@@ -73,11 +81,12 @@ class PagePool:
 
     @property
     def pages_free(self) -> int:
-        return len(self._free)
+        """Pages a session may take: free ones, and cached ones no sequence holds (evicted when taken)."""
+        return len(self._free) + (self.cache.evictable if self.cache is not None else 0)
 
     @property
     def pages_used(self) -> int:
-        return self.shape.num_pages - len(self._free)
+        return self.shape.num_pages - self.pages_free
 
     @property
     def tokens_total(self) -> int:
@@ -85,20 +94,40 @@ class PagePool:
 
     @property
     def tokens_free(self) -> int:
-        return len(self._free) * self.shape.page_size
+        return self.pages_free * self.shape.page_size
 
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes
 
     def take(self, count: int) -> list[int]:
-        """Raises Overloaded when fewer than `count` pages are free (nothing is taken then)."""
+        """Raises Overloaded when fewer than `count` pages are free (nothing is taken then). Free pages go first;
+        then the cache's evictable ones, least recently used first."""
+        if count > self.pages_free:
+            raise Overloaded(f"KV cache is full: {count} pages needed, {self.pages_free} of {self.pages_total} free")
         if count > len(self._free):
-            raise Overloaded(f"KV cache is full: {count} pages needed, {len(self._free)} of {self.pages_total} free")
+            assert self.cache is not None
+            self._free[:0] = reversed(self.cache.evict(count - len(self._free)))
         taken = self._free[len(self._free) - count :]
         del self._free[len(self._free) - count :]
         self._unzeroed.extend(taken)
+        for page in taken:
+            self._holders[page] = 1
         return taken
+
+    def share(self, pages: list[int]) -> None:
+        """One more sequence holds `pages` (cached pages a new session starts from)."""
+        for page in pages:
+            if self._holders[page] == 0 and self.cache is not None:
+                self.cache.unpark(page)
+            self._holders[page] += 1
+
+    def holders(self, page: int) -> int:
+        return self._holders[page]
+
+    def writable(self, page: int) -> bool:
+        """Whether a sequence may write into `page`: it alone holds it, and the cache does not index it."""
+        return self._holders[page] == 1 and (self.cache is None or not self.cache.holds(page))
 
     def zero_taken(self) -> None:
         """Zero the pages taken since the last call, before anything reads them. A padded decode batch reads a
@@ -112,7 +141,16 @@ class PagePool:
         self._unzeroed.clear()
 
     def give_back(self, pages: list[int]) -> None:
-        self._free.extend(reversed(pages))
+        """A sequence lets `pages` go (in its order): a page no one holds any more is free again, or, if the cache
+        indexes it, evictable, the sequence's last page first (a prefix's tail is the least likely to be reused)."""
+        for page in reversed(pages):
+            self._holders[page] -= 1
+            if self._holders[page]:
+                continue
+            if self.cache is not None and self.cache.holds(page):
+                self.cache.park(page)
+            else:
+                self._free.append(page)
 
     def copies(self, pages: list[int]) -> list[int]:
         """New pages holding the keys and values of `pages` (a beam that forks). Raises Overloaded, taking
@@ -155,12 +193,36 @@ class Sequence:
     def release(self, pool: PagePool) -> None:
         self.truncate(pool, 0)
 
+    def attach(self, pool: PagePool, pages: list[int]) -> None:
+        """Start an empty sequence from cached `pages`, whose tokens it then holds (prefix caching)."""
+        assert not self.pages, "only an empty sequence starts from cached pages"
+        pool.share(pages)
+        self.pages, self.length = list(pages), len(pages) * pool.page_size
 
-def copies_needed(sequences: list[Sequence], hypo_ids: list[int]) -> int:
-    """Free pages reorder() needs: the forked rows' copies, less the pages of the rows it drops."""
+    def copies_to_write(self, pool: PagePool, position: int) -> int:
+        """Pages to take before writing from `position` on: 1 when the page holding it is shared or cached."""
+        index = position // pool.page_size
+        return int(index < len(self.pages) and not pool.writable(self.pages[index]))
+
+    def make_writable(self, pool: PagePool, position: int) -> None:
+        """Copy-on-write: the page holding `position`, if shared or cached, is replaced by a copy of its own.
+        Raises Overloaded (changing nothing) when no page is free for the copy."""
+        if self.copies_to_write(pool, position):
+            index = position // pool.page_size
+            (copy,) = pool.copies([self.pages[index]])
+            pool.give_back([self.pages[index]])
+            self.pages[index] = copy
+
+
+def copies_needed(sequences: list[Sequence], hypo_ids: list[int], pool: PagePool) -> int:
+    """Free pages reorder() needs: the forked rows' copies, less the pages the rows it drops let go of (a page that
+    a kept row, or a sequence outside, also holds stays taken)."""
     owners = _owners(hypo_ids)
     copies = sum(len(sequences[source].pages) for row, source in enumerate(hypo_ids) if owners[source] != row)
-    freed = sum(len(sequence.pages) for index, sequence in enumerate(sequences) if index not in owners)
+    dropped = Counter(
+        page for index, sequence in enumerate(sequences) if index not in owners for page in sequence.pages
+    )
+    freed = sum(1 for page, holders in dropped.items() if pool.holders(page) == holders)
     return max(copies - freed, 0)
 
 
@@ -168,7 +230,7 @@ def reorder(sequences: list[Sequence], hypo_ids: list[int], pool: PagePool) -> l
     """Row i continues from row hypo_ids[i] (beam search): the first row to take a source keeps its pages (a row
     that takes its own source first), the others get copies, and sources no row takes give their pages back.
     Raises Overloaded, changing nothing, when the copies do not fit."""
-    needed = copies_needed(sequences, hypo_ids)
+    needed = copies_needed(sequences, hypo_ids, pool)
     if needed > pool.pages_free:
         raise Overloaded(f"KV cache is full: forking beams needs {needed} more pages, {pool.pages_free} are free")
     owners = _owners(hypo_ids)

@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from peers.prefix_cache import PrefixStats
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -88,6 +90,12 @@ class PeerMetrics:
         """Counters of tokens computed and seconds spent computing, by task kind, read from the scheduler."""
         self.registry.register(_ComputeTotals(tokens, busy_s))
 
+    def bind_prefix_cache(self, stats: PrefixStats, pages: Callable[[], float]) -> None:
+        """The prefix cache's counts (peers/prefix_cache.py), read at scrape time."""
+        self.registry.register(_PrefixTotals(stats))
+        gauge = Gauge("swarm_prefix_cache_pages", "KV pages the prefix cache indexes", registry=self.registry)
+        gauge.set_function(pages)
+
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics over HTTP; returns the port (useful with port 0)."""
         self._http, _ = start_http_server(port, addr=host, registry=self.registry)
@@ -118,3 +126,22 @@ class _ComputeTotals(Collector):
             for kind, value in sorted(read().items()):
                 family.add_metric([kind], value)
             yield family
+
+
+class _PrefixTotals(Collector):
+    """swarm_prefix_cache_tokens_total{result=hit|miss} (prompt tokens found in, or missing from, the prefix cache
+    when sessions start) and swarm_prefix_cache_evictions_total (cached pages taken back for new tokens)."""
+
+    def __init__(self, stats: PrefixStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        tokens = CounterMetricFamily(
+            "swarm_prefix_cache_tokens", "Prompt tokens found in the prefix cache, or not", labels=["result"]
+        )
+        tokens.add_metric(["hit"], self.stats.hit_tokens)
+        tokens.add_metric(["miss"], self.stats.miss_tokens)
+        yield tokens
+        yield CounterMetricFamily(
+            "swarm_prefix_cache_evictions", "Cached KV pages taken back for new tokens", value=self.stats.evictions
+        )

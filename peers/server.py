@@ -30,6 +30,7 @@ from peers.task_runner import ForwardJob, TaskRunner
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import CredentialsError
 from swarm.partition import BlockSpan
+from swarm.prefix_keys import KEY_TOKENS
 from swarm.registry.hosts import HostConfig, join_host_port, warn_if_unreachable
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,8 @@ class PeerServer:
         self.config = config
         self.metrics = PeerMetrics(peer_id)
         self.backend = TaskRunner(span, config.max_request_tokens)
-        self.pool = PagePool(pool_shape(span, config), span.dtype, span.device)
+        caching = config.prefix_cache and config.page_size % KEY_TOKENS == 0
+        self.pool = PagePool(pool_shape(span, config), span.dtype, span.device, prefix_cache=caching)
         self.engine = Engine(
             ModelRunner(span, self.pool),
             {
@@ -189,6 +191,8 @@ class PeerServer:
             lambda: {kind.name.lower(): total for kind, total in engine.tokens_total.items()},
             lambda: {kind.name.lower(): total for kind, total in engine.busy_s_total.items()},
         )
+        if (cache := pool.cache) is not None:
+            m.bind_prefix_cache(cache.stats, lambda: cache.pages)
 
     def _set_health(self, status: int) -> None:
         self._loop.run(self._set_health_on_loop(status))

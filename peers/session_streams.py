@@ -9,28 +9,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator
-from concurrent.futures import Future
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from peers.engine import Engine
-from peers.limits import Admission, RecentIds, SessionBudget, StreamBudget
+from peers.limits import Admission, StreamBudget
 from peers.metrics import PeerMetrics
 from peers.push import INBOX_MESSAGES, Pusher, PushFence
 from peers.rpc_status import first_open
 from peers.step_batches import BatchAssembler, answer_messages, session_error, step_views, wire_codec
+from peers.stream_records import Finished, Output, Ready, StreamSession
 from peers.task_runner import TaskRunner
 from swarm._proto import swarm_pb2 as pb
 from swarm.errors import InvalidRequest, LimitExceeded, PermissionDenied, SessionNotFound, SwarmError
 
 logger = logging.getLogger(__name__)
 
-RECENT_STEPS = 64  # finished (step_id, position) pairs a session remembers (a window, not one entry per step forever)
 OUT_BACKLOG = 64  # answer messages waiting for a client that does not read before no new step starts
 _END = object()
 
@@ -67,35 +64,6 @@ class StreamHost(Protocol):
     def forget(self, session_id: str, stream: SessionStream) -> None: ...
 
     def remember(self, session_id: str, stream: SessionStream) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    """A step of a session, decoded and checked, waiting for its turn."""
-
-    step: pb.BatchedStep
-    hidden: torch.Tensor  # [batch, new_tokens, hidden]: a view of its batch's tensor
-    source: str  # "client" or "push"
-    epoch: int  # the session's fence epoch when it came in: a push from a past epoch is dropped
-
-
-@dataclass(slots=True, eq=False)
-class StreamSession:
-    """One session of a stream: its codec, push fence, budget and the steps waiting to run, one at a time."""
-
-    session_id: str
-    choice: pb.CodecChoice
-    fence: PushFence
-    budget: SessionBudget
-    slot: ExitStack  # holds the client's session slot (Admission.session) until the session closes
-    done: RecentIds = field(default_factory=lambda: RecentIds(RECENT_STEPS))  # (step_id, position) already run
-    waiting: deque[Ready] = field(default_factory=deque)
-    running: bool = False
-    closed: bool = False
-
-
-Finished = tuple[StreamSession, Ready, Future, float]  # a step the engine ended (its future), and when it started
-Output = tuple[StreamSession, Ready, torch.Tensor]  # a step's output [batch, new_tokens, hidden]
 
 
 class SessionStream:
@@ -148,8 +116,10 @@ class SessionStream:
                 elif kind == "close":
                     if (session := self.sessions.get(request.close.session_id)) is not None:
                         self._drop(session)
+                elif kind == "prefix":
+                    self._prefix(request.prefix)
                 else:
-                    raise InvalidRequest("a SessionsRequest must carry one of open, steps, fence or close")
+                    raise InvalidRequest("a SessionsRequest must carry one of open, steps, fence, close or prefix")
         except Exception as error:  # garbage, or the client went away: the stream ends with it
             self._out.put_nowait(error)
             return
@@ -180,6 +150,22 @@ class SessionStream:
             self._error(fence.session_id, 0, _not_ours(fence.session_id))
             return
         session.fence.rotate(fence.push_token)  # on arrival, not queued: a push checked after it needs the new token
+
+    def _prefix(self, prefix: pb.SessionPrefix) -> None:
+        """The client's prefix keys for a session (peers/engine_prefix.py); with `attach`, answered with the tokens
+        the session now holds from the cache, where pushes into it append from now on."""
+        session = self.sessions.get(prefix.session_id)
+        if session is None:
+            self._error(prefix.session_id, 0, _not_ours(prefix.session_id))
+            return
+        try:
+            held = self.host.engine.prefix(session.session_id, list(prefix.keys), prefix.attach)
+        except SwarmError as error:
+            self._fail(session, 0, error)
+            return
+        if prefix.attach:
+            session.fence.length = held
+            self._out.put_nowait(pb.SessionsResponse(held=pb.PrefixHeld(session_id=session.session_id, tokens=held)))
 
     async def _take_client_batch(self, steps: list[pb.BatchedStep], msg: pb.Tensor) -> None:
         """Decode the batch once, check each step on its own, queue the good ones and start what may run."""

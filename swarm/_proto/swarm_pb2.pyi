@@ -339,17 +339,29 @@ class SessionClose(_message.Message):
     session_id: str
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
+class SessionPrefix(_message.Message):
+    __slots__ = ("session_id", "keys", "attach")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    attach: bool
+    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., attach: _Optional[bool] = ...) -> None: ...
+
 class SessionsRequest(_message.Message):
-    __slots__ = ("open", "steps", "fence", "close")
+    __slots__ = ("open", "steps", "fence", "close", "prefix")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
     open: InferenceOpen
     steps: StepBatch
     fence: SessionFence
     close: SessionClose
-    def __init__(self, open: _Optional[_Union[InferenceOpen, _Mapping]] = ..., steps: _Optional[_Union[StepBatch, _Mapping]] = ..., fence: _Optional[_Union[SessionFence, _Mapping]] = ..., close: _Optional[_Union[SessionClose, _Mapping]] = ...) -> None: ...
+    prefix: SessionPrefix
+    def __init__(self, open: _Optional[_Union[InferenceOpen, _Mapping]] = ..., steps: _Optional[_Union[StepBatch, _Mapping]] = ..., fence: _Optional[_Union[SessionFence, _Mapping]] = ..., close: _Optional[_Union[SessionClose, _Mapping]] = ..., prefix: _Optional[_Union[SessionPrefix, _Mapping]] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("session_id", "step_id", "position", "batch", "new_tokens", "pushed")
@@ -387,13 +399,23 @@ class SessionError(_message.Message):
     message: str
     def __init__(self, session_id: _Optional[str] = ..., step_id: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
+class PrefixHeld(_message.Message):
+    __slots__ = ("session_id", "tokens")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+
 class SessionsResponse(_message.Message):
-    __slots__ = ("answers", "error")
+    __slots__ = ("answers", "error", "held")
     ANSWERS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     answers: AnswerBatch
     error: SessionError
-    def __init__(self, answers: _Optional[_Union[AnswerBatch, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...
+    held: PrefixHeld
+    def __init__(self, answers: _Optional[_Union[AnswerBatch, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., held: _Optional[_Union[PrefixHeld, _Mapping]] = ...) -> None: ...
 
 class PushBatchRequest(_message.Message):
     __slots__ = ("protocol_version", "steps")

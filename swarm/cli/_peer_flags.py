@@ -58,6 +58,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--page-size", type=at_least(1), help="tokens per KV-cache page")
     parser.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the KV pages of finished prompts for the same client's next sessions (default: on where "
+        "--page-size is a multiple of 16)",
+    )
+    parser.add_argument(
         "--threads",
         type=at_least(0),
         default=0,

@@ -1,0 +1,92 @@
+"""Prefix caching for the engine's sessions (issue 39; the pages and their index: peers/prefix_cache.py). A mixin
+of the Engine: a session starts from the cached pages of its client's keys, its full pages are indexed as their
+tokens are computed, and a rollback forgets the keys past it. Every method runs under the engine's lock."""
+
+from __future__ import annotations
+
+import threading
+
+from peers.engine_records import EngineSession
+from peers.kv_cache import PagePool
+from peers.prefix_cache import Scope
+from swarm.errors import InvalidRequest, SessionNotFound
+from swarm.prefix_keys import KEY_BYTES, KEY_TOKENS
+
+MAX_KEYS = 1 << 16  # keys one message may carry: a million tokens' worth, far past any session's max_length
+
+
+class SessionPrefixes:
+    """What the Engine keeps for this mixin's methods (set in Engine.__init__)."""
+
+    pool: PagePool
+    _cond: threading.Condition
+    _sessions: dict[str, EngineSession]
+
+    def prefix(self, session_id: str, keys: list[bytes], attach: bool) -> int:
+        """The client's keys for the session's tokens, KEY_TOKENS at a time (swarm/prefix_keys.py); the session's
+        length after it. With `attach`, a session that has run no step yet starts from the cached pages of the
+        longest run of its keys, or, called again, keeps only the first len(keys) * KEY_TOKENS tokens of those (the
+        client trims every hop to what all of them hold). Its full pages are indexed under its keys as their tokens
+        are computed. Without a cache (or a session of no key) nothing is attached: the length is 0.
+
+        Raises:
+            SessionNotFound: the session is not open.
+            InvalidRequest: a key that is not KEY_BYTES long, or more than MAX_KEYS of them.
+        """
+        if len(keys) > MAX_KEYS or any(len(key) != KEY_BYTES for key in keys):
+            raise InvalidRequest(f"prefix keys must be at most {MAX_KEYS} keys of {KEY_BYTES} bytes each")
+        with self._cond:
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise SessionNotFound(f"session {session_id!r} is not open on this peer")
+            if self.pool.cache is None:
+                return session.length
+            if attach and session.fresh:
+                self._attach(session, keys)
+            session.prefix_keys = keys
+            self._index_pages(session)
+            return session.length
+
+    def _attach(self, session: EngineSession, keys: list[bytes]) -> None:
+        cache = self.pool.cache
+        assert cache is not None
+        if not session.attached:
+            pages = cache.lookup(_scope(session), keys)
+            for sequence in session.sequences:
+                sequence.attach(self.pool, pages)
+            session.attached = True
+            return
+        for sequence in session.sequences:  # trimmed to what every hop of the client's route holds
+            sequence.truncate(self.pool, min(sequence.length, len(keys) * KEY_TOKENS))
+
+    def _truncate(self, session: EngineSession, position: int) -> None:
+        """A step at `position` comes in: the session is no longer fresh (nothing more is attached to it), and below
+        its length (a rollback) the pages and keys past the position go."""
+        session.fresh = False
+        if position >= session.length:
+            return  # appends: the keys sent ahead (a prompt's) still name the tokens to come
+        for sequence in session.sequences:
+            sequence.truncate(self.pool, position)
+        session.prefix_keys = session.prefix_keys[: position // KEY_TOKENS]
+        session.indexed = min(session.indexed, position // self.pool.page_size)
+
+    def _index_pages(self, session: EngineSession) -> None:
+        """Index the session's pages whose tokens are all computed and keyed (its first row's: a session of many
+        rows sends keys only for tokens every row shares)."""
+        cache = self.pool.cache
+        if cache is None or not session.prefix_keys:
+            return
+        sequence = session.sequences[0]
+        full = min(sequence.length // self.pool.page_size, len(session.prefix_keys) // cache.keys_per_page)
+        scope = _scope(session)
+        for page in range(session.indexed, full):
+            key = cache.page_key(session.prefix_keys, page)
+            assert key is not None
+            cache.add(scope, key, sequence.pages[page])
+        session.indexed = max(session.indexed, full)
+
+
+def _scope(session: EngineSession) -> Scope:
+    key = session.adapter.key if session.adapter is not None else None
+    adapter = f"{key.owner}/{key.adapter_id}@{key.version}" if key is not None else ""
+    return (session.client, session.blocks.start, session.blocks.stop, adapter)

@@ -1,0 +1,191 @@
+"""Prefix caching on the peer (issue 39), on a tiny random span: pages outlive their session under the client's
+keys, a new session of the same client starts from them and computes only the rest, equal to a session computed
+from scratch (on and off a page boundary, across a rollback into the cached part: copy-on-write), other clients
+and other blocks never see them, and cached pages give way to admitted sessions, least recently used first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from peers.engine import Engine
+from peers.engine_records import EngineConfig
+from peers.kv_cache import PagePool, PoolShape
+from peers.model_runner import ModelRunner
+from peers.scheduler import TaskKind
+from swarm.errors import InvalidRequest
+from swarm.partition import BlockSpan
+from swarm.prefix_keys import KEY_TOKENS, new_salt, prefix_keys
+
+from .conftest import HIDDEN
+
+PAGE = 16
+BLOCKS = range(0, 4)
+TOLERANCE = 1e-5
+
+
+def make_engine(span: BlockSpan, pages: int, page: int = PAGE) -> Engine:
+    pool = PagePool(PoolShape.for_span(span, pages, page), span.dtype, "cpu", prefix_cache=True)
+    handlers = {TaskKind.FORWARD: lambda payloads: payloads}
+    return Engine(ModelRunner(span, pool), handlers, EngineConfig(max_batch_tokens=512))
+
+
+@pytest.fixture
+def engine(tiny_span: BlockSpan) -> Iterator[Engine]:
+    engine = make_engine(tiny_span, pages=64)
+    yield engine
+    engine.shutdown(5)
+
+
+@pytest.fixture
+def prompt() -> tuple[torch.Tensor, list[bytes]]:
+    """A 40-token prompt's hidden states (standing for its tokens) and its keys (two runs of 16)."""
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 1000, (40,), generator=generator).tolist()
+    return torch.randn(1, 40, HIDDEN, generator=generator), prefix_keys(new_salt(), "m", tokens)
+
+
+def run(engine: Engine, session_id: str, steps: list[tuple[torch.Tensor, int]], keys: list[bytes] | None = None,
+        client: str = "alice", close: bool = True, max_length: int = 64) -> tuple[int, list[torch.Tensor]]:  # fmt: skip
+    """Open a session, attach `keys` (if any), run `steps`; the tokens it held from the cache and its outputs."""
+    engine.open(session_id, BLOCKS, 1, max_length=max_length, client=client)
+    held = engine.prefix(session_id, keys, attach=True) if keys is not None else 0
+    outputs = [engine.step(session_id, hidden, position).result(60) for hidden, position in steps]
+    if close:
+        engine.close(session_id)
+    return held, outputs
+
+
+def test_a_second_session_starts_from_the_first_ones_pages_and_equals_it(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    hidden, keys = prompt
+    held, (first,) = run(engine, "a", [(hidden, 0)], keys)
+    assert held == 0
+    held, (rest,) = run(engine, "b", [(hidden[:, 32:], 32)], keys)
+    assert held == 32  # two whole pages; the 8 tokens after them are computed
+    torch.testing.assert_close(rest, first[:, 32:], atol=TOLERANCE, rtol=0)
+    stats = engine.pool.cache.stats
+    assert (stats.hit_tokens, stats.miss_tokens) == (32, 32)
+
+
+def test_prompts_that_share_a_prefix_ending_inside_a_page_reuse_the_whole_pages_before_it(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    hidden, keys = prompt
+    run(engine, "a", [(hidden, 0)], keys)
+    other = torch.cat([hidden[:, :24], torch.randn(1, 16, HIDDEN)], dim=1)  # the same first 24 tokens
+    salt_free_keys = [keys[0], b"another run 1..."]  # key 0 is the same tokens', key 1 is not
+    _, (scratch,) = run(engine, "scratch", [(other, 0)], client="bob")
+    held, (rest,) = run(engine, "b", [(other[:, 16:], 16)], salt_free_keys)
+    assert held == 16
+    torch.testing.assert_close(rest, scratch[:, 16:], atol=TOLERANCE, rtol=0)
+
+
+def test_a_page_of_two_keys_is_cached_whole_or_not_at_all(
+    tiny_span: BlockSpan, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    engine = make_engine(tiny_span, pages=32, page=32)
+    try:
+        hidden, keys = prompt
+        _, (first,) = run(engine, "a", [(hidden, 0)], keys)
+        held, (rest,) = run(engine, "b", [(hidden[:, 32:], 32)], keys)
+        assert held == 32
+        torch.testing.assert_close(rest, first[:, 32:], atol=TOLERANCE, rtol=0)
+        assert run(engine, "c", [(hidden[:, :20], 0)], keys[:1])[0] == 0  # one key: half a page
+    finally:
+        engine.shutdown(5)
+
+
+def test_trimming_to_fewer_keys_keeps_only_their_tokens(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    hidden, keys = prompt
+    _, (first,) = run(engine, "a", [(hidden, 0)], keys)
+    engine.open("b", BLOCKS, 1, max_length=64, client="alice")
+    assert engine.prefix("b", keys, attach=True) == 32
+    assert engine.prefix("b", keys[:1], attach=True) == 16  # the client trims every hop to what all hold
+    rest = engine.step("b", hidden[:, 16:], 16).result(60)
+    torch.testing.assert_close(rest, first[:, 16:], atol=TOLERANCE, rtol=0)
+
+
+def test_a_rollback_into_the_cached_part_writes_into_a_copy(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    hidden, keys = prompt
+    _, (first,) = run(engine, "a", [(hidden, 0)], keys)
+    other = torch.randn(1, 12, HIDDEN)
+    _, scratch = run(engine, "scratch", [(hidden[:, :20], 0), (other, 20)], client="bob")
+    engine.open("b", BLOCKS, 1, max_length=64, client="alice")
+    assert engine.prefix("b", keys, attach=True) == 32
+    changed = engine.step("b", other, 20).result(60)  # page 1 is shared and cached: written into a copy
+    torch.testing.assert_close(changed, scratch[1], atol=TOLERANCE, rtol=0)
+    engine.close("b")
+    held, (again,) = run(engine, "c", [(hidden[:, 32:], 32)], keys)
+    assert held == 32  # the cached page 1 is as it was
+    torch.testing.assert_close(again, first[:, 32:], atol=TOLERANCE, rtol=0)
+
+
+def test_another_client_or_other_blocks_never_see_the_pages(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    hidden, keys = prompt
+    run(engine, "a", [(hidden, 0)], keys)
+    held, _ = run(engine, "b", [(hidden[:, :1], 0)], keys, client="mallory")
+    assert held == 0
+    engine.open("c", range(1, 4), 1, max_length=256, client="alice")
+    assert engine.prefix("c", keys, attach=True) == 0
+
+
+def test_forged_pages_under_a_key_change_only_their_clients_cache(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    """A client that sends other hidden states under alice's keys fills its own scope: alice's pages stay hers."""
+    hidden, keys = prompt
+    _, (first,) = run(engine, "a", [(hidden, 0)], keys)
+    run(engine, "m", [(torch.randn(1, 40, HIDDEN), 0)], keys, client="mallory")
+    held, (rest,) = run(engine, "b", [(hidden[:, 32:], 32)], keys)
+    assert held == 32
+    torch.testing.assert_close(rest, first[:, 32:], atol=TOLERANCE, rtol=0)
+
+
+def test_cached_pages_give_way_to_new_sessions_least_recently_used_first(tiny_span: BlockSpan) -> None:
+    engine = make_engine(tiny_span, pages=6)
+    try:
+        salt = new_salt()
+        prompts = [torch.randn(1, 32, HIDDEN) for _ in range(3)]
+        keys = [prefix_keys(salt, "m", list(range(i * 100, i * 100 + 32))) for i in range(3)]
+        for index in range(3):
+            run(engine, f"s{index}", [(prompts[index], 0)], keys[index])
+        assert engine.pool.pages_free == 6 and engine.pool.cache.pages == 6  # all cached, all evictable
+        run(engine, "big", [(torch.randn(1, 64, HIDDEN), 0)])  # four pages: the two oldest prompts go
+        assert engine.pool.cache.stats.evictions == 4
+        assert run(engine, "again2", [(prompts[2][:, 16:], 16)], keys[2])[0] == 32
+        assert run(engine, "again0", [(prompts[0][:, :1], 0)], keys[0])[0] == 0
+    finally:
+        engine.shutdown(5)
+
+
+def test_keys_past_a_rollback_are_forgotten_so_rewritten_tokens_are_not_cached_under_them(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    hidden, keys = prompt
+    engine.open("a", BLOCKS, 1, max_length=256, client="alice")
+    engine.prefix("a", keys, attach=True)
+    engine.step("a", hidden[:, :20], 0).result(60)  # page 0 is whole: cached under key 0
+    engine.step("a", torch.randn(1, 30, HIDDEN), 10).result(60)  # tokens 10.. rewritten: into a copy of page 0
+    engine.close("a")
+    assert engine.pool.cache.pages == 1  # page 0 as its key says; nothing under the keys past the rollback
+    _, (scratch,) = run(engine, "fresh", [(hidden, 0)], client="bob")
+    held, (rest,) = run(engine, "b", [(hidden[:, 16:], 16)], keys)
+    assert held == 16
+    torch.testing.assert_close(rest, scratch[:, 16:], atol=TOLERANCE, rtol=0)
+
+
+def test_bad_keys_are_refused(engine: Engine) -> None:
+    engine.open("a", BLOCKS, 1, max_length=256, client="alice")
+    with pytest.raises(InvalidRequest, match="16 bytes"):
+        engine.prefix("a", [b"short"], attach=True)
+    assert KEY_TOKENS == PAGE
