@@ -7,10 +7,13 @@ validate, call, encode); chunked_streams.py: ForwardStream/BackwardStream chunks
 registration, with lenient request parsing; rpc_status.py: the one error table applied to every handler; limits.py:
 per-client admission (sessions, request rate, tokens, bytes); push.py: session inboxes, their push fence and the push
 to the next peer; push_targets.py: the next peers it may push to. Batched inference (issue 37): session_streams.py:
-the `Sessions` stream (many sessions of one client, stepped together); step_batches.py: a batch's tensor cut per
+the `Sessions` stream (many sessions of one client, stepped together); stream_records.py: what it keeps per session
+and step; step_batches.py: a batch's tensor cut per
 step, chunked batches, AnswerBatch and SessionError messages; push_batch.py: PushBatch's delivery into the streams.
 The token path below the service: engine.py: the loop (schedule, run, complete futures); engine_records.py: what it
 keeps per session and step; engine_pages.py: pages per iteration (admission, preemption, beams, idle closes);
+engine_prefix.py: sessions that start from cached pages and index theirs; prefix_cache.py: the prefix cache's index
+and its evictable pages;
 scheduler.py: what runs next (token budget, chunking, forward batching); model_runner.py: one ragged batch per
 iteration through the span; paged_attention.py: attention over the pages; kv_cache.py: the page pool and page
 tables; task_runner.py: forward and backward tasks on tensors.

@@ -25,7 +25,8 @@ from peers.push import Inbox, Inboxes, Pusher
 from peers.push_batch import StreamDirectory
 from peers.rpc_status import answers_errors, check_version, first_open
 from peers.scheduler import TaskKind
-from peers.session_streams import RECENT_STEPS, SessionStream
+from peers.session_streams import SessionStream
+from peers.stream_records import RECENT_STEPS
 from peers.task_runner import BackwardJob, ForwardJob, TaskRunner
 from swarm._proto import swarm_pb2 as pb
 from swarm._proto import swarm_pb2_grpc as pb_grpc

@@ -40,6 +40,11 @@ class ClientConfig:
     # so far; "draft:PATH" drafts with a small local causal LM sharing the tokenizer. Verified in one step per round.
     speculative: str = ""
     num_speculative_tokens: int = 5  # the most tokens drafted per step (fewer while drafts are being rejected)
+    # Prefix caching (swarm/prefix_keys.py): a prompt starts from the KV pages that peers kept of this client's
+    # earlier sessions that began the same way. The salt is the client's secret: b"" draws one per model object;
+    # API replicas given the same salt share their cached prompts.
+    prefix_cache: bool = True
+    prefix_salt: bytes = b""
 
     def __post_init__(self) -> None:
         for name in ("step_timeout_s", "refresh_s", "ban_base_s", "ban_max_s"):

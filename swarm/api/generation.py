@@ -79,6 +79,10 @@ class Finished:
     completion_tokens: int
     route: list[dict[str, Any]]
     token_ms: list[float]  # between consecutive steps, as the server saw them
+    cached_tokens: int = 0  # prompt tokens the peers held from their prefix caches (swarm/prefix_keys.py)
+
+
+FINISHED_COUNTS = ("completion_tokens", "cached_tokens")  # what a request's generations add up
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +245,8 @@ class Generation:
         if texts or finished:
             self._emit(Deltas(texts, finished))
         gaps = [1000 * (b - a) for a, b in itertools.pairwise(self._step_times)]
-        self._emit(Finished(sum(len(choice.ids) for choice in self.choices), self.route(), gaps))
+        cached = self._session.cached_tokens if self._session is not None else 0
+        self._emit(Finished(sum(len(choice.ids) for choice in self.choices), self.route(), gaps, cached))
 
     def route(self) -> list[dict[str, Any]]:
         session = self._session.session if self._session is not None else None
@@ -311,7 +316,8 @@ class GenerationGroup:
             elif isinstance(event, Finished):
                 finished.append(event)
                 if len(finished) == len(self.generations):
-                    yield Finished(sum(one.completion_tokens for one in finished), event.route, event.token_ms)
+                    completion, cached = (sum(getattr(one, name) for one in finished) for name in FINISHED_COUNTS)
+                    yield Finished(completion, event.route, event.token_ms, cached)
                     return
             elif len(started) < len(self.generations):
                 early.append(event)

@@ -35,7 +35,7 @@ class Reply:
         self.logprobs: list[list[TokenLogprob | None]] = [list(echoed.get(i, ())) for i in range(count)]
         self.renderer = LogprobsRenderer(tokenizer)
         self.offsets = [0] * count  # text_offset of each choice's next streamed token
-        self.completion_tokens = 0
+        self.completion_tokens = self.cached_tokens = 0
         self.swarm: dict[str, Any] = {"route": started.route}
         self.clock: RequestClock | None = None
         self.tools: Tools | None = None  # a chat request's tools: its answers may be tool calls
@@ -55,11 +55,11 @@ class Reply:
             for index, entries in event.logprobs.items():
                 self.logprobs[index].extend(entries)
         else:
-            self.completion_tokens = event.completion_tokens
+            self.completion_tokens, self.cached_tokens = event.completion_tokens, event.cached_tokens
             self.swarm = {"route": event.route, "token_ms": [round(ms, 2) for ms in event.token_ms]}
 
     def response(self) -> dict[str, Any]:
-        counts = protocol.usage(self.prompt_tokens, self.completion_tokens)
+        counts = protocol.usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
         texts = [prefix + text for prefix, text in zip(self.prefixes, self.texts, strict=True)]
         logprobs = [self._logprobs(index, entries) for index, entries in enumerate(self.logprobs)]
         extra = {"swarm": self.swarm}
@@ -134,7 +134,7 @@ class Reply:
             "swarm": self.swarm,
         }
         if self.request.include_usage:
-            chunk["usage"] = protocol.usage(self.prompt_tokens, self.completion_tokens)
+            chunk["usage"] = protocol.usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
         return chunk
 
 

@@ -102,10 +102,11 @@ def whole_response(chat: dict[str, Any], request: ResponsesRequest) -> dict[str,
     return ResponseBuilder(request).response(choice["message"]["content"], status, chat["usage"], reason)
 
 
-def _usage(counts: dict[str, int]) -> dict[str, Any]:
+def _usage(counts: dict[str, Any]) -> dict[str, Any]:
+    cached = counts.get("prompt_tokens_details", {}).get("cached_tokens", 0)
     return {
         "input_tokens": counts["prompt_tokens"], "output_tokens": counts["completion_tokens"],
-        "total_tokens": counts["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+        "total_tokens": counts["total_tokens"], "input_tokens_details": {"cached_tokens": cached},
         "output_tokens_details": {"reasoning_tokens": 0},
     }  # fmt: skip
 

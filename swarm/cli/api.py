@@ -92,6 +92,7 @@ def _serve(ns: argparse.Namespace, models: list[Path], signals: StopSignals) -> 
     from ray import serve
 
     from swarm.api.app import build
+    from swarm.prefix_keys import new_salt
     from swarm.ray_cluster import connect_ray
 
     connect_ray(ns.ray_address)
@@ -104,7 +105,8 @@ def _serve(ns: argparse.Namespace, models: list[Path], signals: StopSignals) -> 
         "api_keys": str(ns.api_keys) if ns.api_keys else None,
         "num_replicas": ns.replicas,
         "max_sessions": ns.max_sessions,
-        "client_options": {"wait_for_blocks_s": ns.wait_for_blocks},
+        # One prefix-cache salt for every replica: a prompt cached through one serves the others (swarm/prefix_keys.py)
+        "client_options": {"wait_for_blocks_s": ns.wait_for_blocks, "prefix_salt": new_salt()},
     }
     try:
         serve.run(build(args), name=APPLICATION, route_prefix="/")

@@ -13,7 +13,8 @@ registry's peers, refreshed in the background, and measured RTTs); metrics.py: C
 step latency, refused outputs for Prometheus); checks.py: what every answer of a peer must be; verify.py: Verifier
 (verify_fraction: steps run again on a second replica, disagreements settled by a third); arguments.py: what
 callers pass, checked.
-model_session.py: ModelSession (a conversation whose caches the peers keep); remote_cache.py: SwarmCache (a
+model_session.py: ModelSession (a conversation whose caches the peers keep); prefix_reuse.py: a session's start
+from what the route's peers hold of its prompt in their prefix caches; remote_cache.py: SwarmCache (a
 transformers Cache on the peers); lora.py: LoraAdapter (trainable on the client, peft's format); adapter_upload.py:
 which peer holds which adapter version; prompts.py: PromptTuning; deep_prompts.py: DeepPromptTuning;
 head_batching.py: SharedHead (one batched LM head for every concurrent session of a process).

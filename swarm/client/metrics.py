@@ -58,6 +58,10 @@ class ClientMetrics:
             counter.inc(0)
         self._server = None
 
+    def count_drafts(self, drafted: int, accepted: int) -> None:
+        self.drafted_tokens.inc(drafted)
+        self.accepted_tokens.inc(accepted)
+
     def speculation(self) -> dict[str, float]:
         """drafted, accepted and acceptance_rate (accepted / drafted; 0 before any draft) since the model was made."""
         labels = {"model": self._model}

@@ -36,6 +36,7 @@ from swarm.client.view import SwarmView
 from swarm.config import ClientConfig, check_speculative
 from swarm.errors import CredentialsError, InvalidArgument, InvalidRequest
 from swarm.partition import load_client_head, open_checkpoint
+from swarm.prefix_keys import new_salt
 from swarm.registry import Registry
 from swarm.registry.addresses import initial_peer_list
 from swarm.router import Bans, MinLatencyRouter, WiringRouter
@@ -67,6 +68,8 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.shared_head = SharedHead(self.head)  # generation's logits, batched across concurrent sessions
         self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True, credentials=self.credentials)
         name = config.model_name or Path(path).name
+        self.prefix_salt = (config.prefix_salt or new_salt()) if config.prefix_cache else b""
+        self.prefix_namespace = name
         self.metrics = ClientMetrics(name)
         self._draft_models = DraftModels()  # speculative="draft:PATH" models, loaded on first use
         port = config.metrics_port
@@ -377,16 +380,12 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 self._draft_models.drafter_for(kind, self.head.lm_head.out_features),
                 DraftLength(k),
                 session.forget,
-                self._count_drafts,
+                self.metrics.count_drafts,
                 lambda: session.max_length - session.position,
             )
             new = speculative_decode_loop(session.last_logits, session.tokens, feed, params, drafts, *extras)
         session.pending = new[:, -1:]
         return new
-
-    def _count_drafts(self, drafted: int, accepted: int) -> None:
-        self.metrics.drafted_tokens.inc(drafted)
-        self.metrics.accepted_tokens.inc(accepted)
 
     def speculation_stats(self) -> dict[str, float]:
         """Speculative decoding so far on this model: drafted and accepted tokens and their ratio."""

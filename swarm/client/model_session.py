@@ -13,6 +13,7 @@ import torch
 
 from swarm.client.arguments import check_session_shape
 from swarm.errors import InvalidRequest
+from swarm.prefix_keys import KEY_TOKENS, prefix_keys
 
 if TYPE_CHECKING:
     from swarm.client.head_batching import SharedHead
@@ -25,6 +26,8 @@ class SessionHost(Protocol):
     module, so naming that class here would close an import circle."""
 
     context_length: int
+    prefix_salt: bytes  # the client's secret for prefix keys (swarm/prefix_keys.py); b"": no prefix caching
+    prefix_namespace: str  # the model's name in them
     head: ClientHead
     shared_head: SharedHead  # the head's logits, batched across the model's concurrent sessions
     _active: ContextVar[ModelSession | None]  # the session a `with` block made current
@@ -54,6 +57,7 @@ class ModelSession:
         self._busy = threading.Lock()  # held by the generate() that uses the session
         self._entered: list[Token[ModelSession | None]] = []  # one per `with`, to restore the outer active session
         self._closed = False
+        self.cached_tokens = 0  # tokens of its prompts the peers held from their prefix caches
 
     @property
     def position(self) -> int:
@@ -61,12 +65,12 @@ class ModelSession:
 
     def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Append ids [batch, n] to the session; returns the logits [batch, vocab] that follow the last one."""
-        return self.model.shared_head.logits(self._append(ids)[:, -1])
+        return self.model.shared_head.logits(self._append(ids, ids.shape[1] - 1)[:, -1])
 
     def last_logits(self, ids: torch.Tensor, count: int) -> torch.Tensor:
         """Append ids [batch, n] to the session; returns the logits [batch, count, vocab] after each of its last
         `count` ids (not all n: the LM head over a long prompt costs as much as a few decoding steps)."""
-        return self.model.shared_head.logits(self._append(ids)[:, -count:])
+        return self.model.shared_head.logits(self._append(ids, ids.shape[1] - count)[:, -count:])
 
     def each_logits(self, ids: torch.Tensor, chunk: int, rows: int | None = None) -> Iterator[torch.Tensor]:
         """Append ids [batch, n] to the session in one step; yields the logits [rows, <= chunk, vocab] after each of
@@ -82,14 +86,31 @@ class ModelSession:
             self.session.rollback(self.position - count)
             self.tokens = self.tokens[:, : self.position]
 
-    def _append(self, ids: torch.Tensor) -> torch.Tensor:
+    def _append(self, ids: torch.Tensor, reusable: int = 0) -> torch.Tensor:
+        """Feed ids [batch, n]; the hidden states after ids[:, held:], where the peers held the first `held` (at most
+        `reusable`: those whose outputs the caller does not need) from their prefix caches."""
         if self.position + ids.shape[1] > self.max_length:
             raise InvalidRequest(
                 f"{self.position + ids.shape[1]} tokens exceed the session's max_length {self.max_length}"
             )
-        hidden = self.session.step(self.model.head.embed(ids))
+        held = self._start_from_cache(ids, reusable) if self.position == 0 else 0
+        hidden = self.session.step(self.model.head.embed(ids[:, held:]))
         self.tokens = torch.cat([self.tokens, ids], dim=1)
         return hidden
+
+    def _start_from_cache(self, ids: torch.Tensor, reusable: int) -> int:
+        """The first prompt's first tokens that every peer of the route holds from its cache (rows that are all the
+        same prompt only: n choices, beams)."""
+        if not self.model.prefix_salt or reusable < KEY_TOKENS or not bool((ids == ids[:1]).all()):
+            return 0
+        keys = prefix_keys(self.model.prefix_salt, self._namespace, ids[0, :reusable].tolist())
+        held = self.session.use_prefix(keys, lambda n: self.model.head.embed(ids[:, :n]))
+        self.cached_tokens += held
+        return held
+
+    @property
+    def _namespace(self) -> str:
+        return f"{self.model.prefix_namespace}/{self.adapter}"
 
     @contextmanager
     def turn(self, adapter: str = "") -> Iterator[ModelSession]:
@@ -110,6 +131,9 @@ class ModelSession:
     def close(self) -> None:
         if not self._closed:  # the route's load is released once, whatever calls close()
             self._closed = True
+            if self.model.prefix_salt and self.batch_size == 1 and self.tokens.shape[1] >= KEY_TOKENS:
+                # the pages of the whole conversation stay with the peers for its next turn
+                self.session.register_prefix(prefix_keys(self.model.prefix_salt, self._namespace, self.tokens[0]))
             self.session.close()
         if self.model.active_session is self:
             self.model.active_session = None

@@ -108,6 +108,10 @@ class PeerLink:
     def fence(self, session_id: str, push_token: bytes) -> None:
         self._outbox.put(pb.SessionsRequest(fence=pb.SessionFence(session_id=session_id, push_token=push_token)))
 
+    def prefix(self, session_id: str, keys: list[bytes], attach: bool) -> None:
+        """The session's prefix keys (swarm/prefix_keys.py); with `attach`, a PrefixHeld comes back in its answers."""
+        self._outbox.put(pb.SessionsRequest(prefix=pb.SessionPrefix(session_id=session_id, keys=keys, attach=attach)))
+
     def close_session(self, session_id: str) -> None:
         """Close the session on the peer (its cache is freed); answers still coming for it are dropped."""
         with self._lock:
@@ -157,7 +161,8 @@ class PeerLink:
             yield from self._step_messages(steps)
             steps = []
             assert isinstance(item, pb.SessionsRequest)
-            if item.WhichOneof("kind") != "fence" or item.fence.session_id in self._routes:
+            kind = item.WhichOneof("kind")
+            if kind not in ("fence", "prefix") or getattr(item, kind).session_id in self._routes:
                 yield item
         yield from self._step_messages(steps)
 
@@ -189,6 +194,8 @@ class PeerLink:
                     answers = assembler.add(response.answers, self._max_chunks(response.answers))
                     if answers is not None:
                         self._deliver(answers)
+                elif kind == "held":
+                    self._put(response.held.session_id, response.held)
                 else:
                     raise InvalidOutput("decode", f"{self.address} sent a message of no known kind")
             failure: SwarmError = PeerUnavailable(f"{self.address}: the peer ended the stream")
@@ -283,6 +290,9 @@ class LinkSession:
 
     def fence(self, push_token: bytes) -> None:
         self.link.fence(self.session_id, push_token)
+
+    def prefix(self, keys: list[bytes], attach: bool) -> None:
+        self.link.prefix(self.session_id, keys, attach)
 
     def heard_since(self, moment: float) -> bool:
         """The peer sent something on the shared stream (an answer to any session) after `moment` (monotonic):

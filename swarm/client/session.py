@@ -21,6 +21,7 @@ from swarm.channels import PeerStubs
 from swarm.client.checks import tolerance
 from swarm.client.metrics import ClientMetrics
 from swarm.client.pace import LATE_FLOOR_S, HopPace
+from swarm.client.prefix_reuse import attach_route, register_route
 from swarm.client.span_session import SpanSession
 from swarm.client.verify import Verifier, VerifyPolicy
 from swarm.codec import CodecId
@@ -55,6 +56,7 @@ class _HopState:
     session: SpanSession
     pace: HopPace
     inputs: list[torch.Tensor] = field(default_factory=list)  # every input sent, [batch, new_tokens, hidden] each
+    missing: int = 0  # first tokens whose inputs it never got: they came from the peers' prefix caches
 
 
 def _trimmed(inputs: list[torch.Tensor], tokens: int) -> list[torch.Tensor]:
@@ -127,6 +129,26 @@ class InferenceSession:
         policy = VerifyPolicy(fraction, tolerance(self.codec, margin), REPLAY_TOKENS)
         self._verifier = Verifier(self.router, self.peers, self._stream, self._tokens, policy, self.metrics, rng)
 
+    def use_prefix(self, keys: list[bytes], embed: Callable[[int], torch.Tensor]) -> int:
+        """Before the first step: start from what every hop holds of the prompt whose keys are `keys` in its prefix
+        cache (swarm/client/prefix_reuse.py); the number of tokens held, where the first step then goes.
+        `embed(n)`: the first hop's inputs for those n tokens, kept as its replay history (the later hops' is
+        missing: a failover there replays the whole route from them)."""
+        if self.position or self._length or not keys:
+            return 0
+        length = attach_route([state.session for state in self._hops], keys, self.step_timeout_s)
+        if length:
+            self._hops[0].inputs.append(embed(length))
+            for state in self._hops[1:]:
+                state.missing = length
+            self.position = self._length = length
+        return length
+
+    def register_prefix(self, keys: list[bytes]) -> None:
+        """Give every hop the keys of the session's tokens: the pages it keeps of them when the session ends serve
+        this client's next sessions that start the same way."""
+        register_route([state.session for state in self._hops], keys)
+
     def _stream(self, hop: Hop) -> SpanSession:
         return SpanSession(
             hop, self.batch_size, self.max_length, self.codec, self.step_timeout_s, self.credentials,
@@ -146,8 +168,8 @@ class InferenceSession:
         """
         hypo = self._checked_hypo_ids(hypo_ids)
         step_id, started = self._next_step_id(), time.perf_counter()
-        verify = self._verifier is not None and self._verifier.wants() and not hypo
-        index, must_send, tokens = 0, True, hidden.shape[1]
+        verify = self._verifier is not None and self._verifier.wants() and not hypo and not self._hops[-1].missing
+        index, must_send, tokens, first = 0, True, hidden.shape[1], hidden
         staged: list[tuple[_HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
         since = time.monotonic()  # when the hop got its input: sent now, or pushed when the previous answer came
         previous_s: float | None = None  # how long the previous hop took for this step
@@ -175,7 +197,8 @@ class InferenceSession:
             except InvalidRequest:
                 raise  # a bug or a limit: no other peer would answer differently
             except SwarmError as error:
-                self._fail_over(index, error)
+                if self._fail_over(index, error):  # the whole route was replaced: the step starts again at hop 0
+                    index, hidden, staged = 0, first, []
                 # A new id: peers after this hop may have run a step the failed peer pushed them (garbage, if its
                 # answer failed the checks); under a new id they run the replacement's at the same position again.
                 step_id, must_send, since = self._next_step_id(), True, time.monotonic()
@@ -219,7 +242,8 @@ class InferenceSession:
         if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= self.position:
             raise InvalidArgument("position", f"must be an int in [0, {self.position}], got {position!r}")
         for state in self._hops:
-            state.inputs = _trimmed(state.inputs, position)
+            state.inputs = _trimmed(state.inputs, position - state.missing)
+            state.missing = min(state.missing, position)
         self.position = position
 
     def _verify(self, state: _HopState, hidden: torch.Tensor, output: torch.Tensor) -> None:
@@ -246,8 +270,9 @@ class InferenceSession:
     def _push_targets(self, first: int) -> list[pb.PushTarget]:
         return [state.session.target for state in self._hops[first:]] if self.push else []
 
-    def _fail_over(self, index: int, error: SwarmError) -> None:
-        """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing."""
+    def _fail_over(self, index: int, error: SwarmError) -> bool:
+        """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing.
+        True when the whole route was replaced instead: the hop had not got its first inputs (a cached prefix)."""
         failed = self._hops.pop(index)
         failed.session.close()
         if self.stubs is not None and not answered_alive(error):  # the next session there gets a new connection
@@ -255,7 +280,11 @@ class InferenceSession:
         if self._verifier is not None:
             self._verifier.forget(failed.hop)
         self.router.release((failed.hop,), self._tokens)
-        culprit = failed.hop.peer_id
+        culprit, span, inputs, whole = failed.hop.peer_id, failed.hop.span, failed.inputs, bool(failed.missing)
+        if whole:  # its first inputs came from prefix caches: the whole route starts again from embeddings
+            end = max(state.hop.span.end for state in [failed, *self._hops])
+            index, span, inputs = 0, Span(self._hops[0].hop.span.start, end), self._hops[0].inputs
+            self._close_hops()
         while True:
             if isinstance(error, Overloaded):
                 self._count_wait_for_room(error)
@@ -267,7 +296,7 @@ class InferenceSession:
             try:
                 # The background view first (a DHT read costs a frozen peer's session time); re-read only if it
                 # leaves the span uncovered (_choose), e.g. when the failed peer was its only server.
-                replacement = self._open(failed.hop.span, failed.inputs, fresh=False)
+                replacement = self._open(span, inputs, fresh=False)
             except _ReplayFailed as replay:
                 culprit, error = replay.peer_id, replay.error
                 continue
@@ -276,7 +305,7 @@ class InferenceSession:
             # carries the rest of the route), and a late push of its would truncate or corrupt their caches.
             for state in self._hops[index + len(replacement) :]:
                 state.session.fence()
-            return
+            return whole
 
     def _count_failover(self, error: SwarmError) -> None:
         self.failovers += 1
@@ -353,11 +382,15 @@ class InferenceSession:
             fresh = True
 
     def close(self) -> None:
+        self._close_hops()
+        if self._verifier is not None:
+            self._verifier.close()
+
+    def _close_hops(self) -> None:
         for state in self._hops:
             state.session.close()
         self.router.release(self.route, self._tokens)
-        if self._verifier is not None:
-            self._verifier.close()
+        self._hops = []
 
     def __enter__(self) -> InferenceSession:
         return self

@@ -71,6 +71,7 @@ class SpanSession:
         self._private_link = link if stubs is None else None
         # Steps sent before the first answer: sent again should the peer turn out not to serve Sessions.
         self._unconfirmed: list[tuple] | None = None
+        self._early: list[object] = []  # what came instead of a PrefixHeld (an error): the next receive takes it
         self._transport: LinkSession | InferenceStream
         if link is None:
             self._transport = self._inference_stream()
@@ -113,6 +114,27 @@ class SpanSession:
             return
         self.push_token = secrets.token_bytes(PUSH_TOKEN_BYTES)
         self._transport.fence(self.push_token)
+
+    def send_prefix(self, keys: list[bytes], attach: bool) -> bool:
+        """Send the session's prefix keys (swarm/prefix_keys.py); False where the peer takes none (a session on an
+        Inference stream of its own). With `attach`, read the answer with `held`."""
+        if not isinstance(self._transport, LinkSession):
+            return False
+        self._transport.prefix(keys, attach)
+        return True
+
+    def held(self, timeout_s: float) -> int:
+        """The tokens the session holds from the peer's prefix cache, once it answered send_prefix(attach=True); 0
+        when it does not answer within `timeout_s` (a late answer is skipped) or the session failed (the error is
+        kept for the next `receive`)."""
+        try:
+            item = self._transport.answers.get(timeout=timeout_s)
+        except queue.Empty:
+            return 0
+        if isinstance(item, pb.PrefixHeld):
+            return int(item.tokens)
+        self._early.append(item)
+        return 0
 
     def send(
         self,
@@ -184,6 +206,8 @@ class SpanSession:
     def _next_answer(self, wait: _Wait, like: torch.Tensor) -> tuple[int, bool, torch.Tensor]:
         while True:
             item = self._next_item(wait)
+            if isinstance(item, pb.PrefixHeld):
+                continue  # answered after `held` gave up on it
             try:
                 return self._transport.answer(item, lambda: self._next_item(wait), like)
             except SessionsUnsupported:
@@ -200,6 +224,8 @@ class SpanSession:
             self._transport.send(*args)
 
     def _next_item(self, wait: _Wait) -> object:
+        if self._early:
+            return self._early.pop(0)
         while True:
             try:
                 return self._transport.answers.get(timeout=wait.remaining_s())

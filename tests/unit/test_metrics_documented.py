@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from peers.metrics import PeerMetrics
+from peers.prefix_cache import PrefixStats
 from peers.training.metrics import StageCollector
 from peers.training.replica import ReplicaCounters
 from swarm.api.metrics import ApiMetrics
@@ -38,6 +39,7 @@ def documented() -> dict[str, str]:
 def test_every_exported_metric_is_documented_and_every_documented_one_exported() -> None:
     peer = PeerMetrics("p")
     peer.bind_compute_totals(lambda: {"forward": 1}, lambda: {"forward": 0.5})
+    peer.bind_prefix_cache(PrefixStats(), lambda: 0)
     collector = RegistryCollector()
     collector.update(SwarmSnapshot(0.0, (ModelView.of("m", []),)))
     code = exported(peer.registry) | exported(ClientMetrics("m").registry) | exported(collector.registry)
