@@ -5,9 +5,10 @@ spans from checkpoints), registry (the DHT), router (route policies), security (
 (the OpenAI-compatible API), training (the trainer side of SWARM training), finetune (`swarm finetune`),
 monitoring (the live map, Prometheus targets), cli; _proto: generated from proto/, never edited.
 Modules: errors.py (SwarmError and the gRPC status table), types.py (frozen records every layer shares), config.py
-(ClientConfig), prefix_keys.py (the keys of a prompt's prefixes, for the peers' prefix caches), channels.py (one gRPC channel per peer address), ray_cluster.py (start or attach to Ray),
-ray_reaper.py (a local Ray dies with its starter), progress.py (progress bars), _exit.py (a prompt exit),
-_grpc_fork.py (gRPC's fork handlers off, so a forked DHT node cannot abort), __main__.py (`python -m swarm`).
+(ClientConfig), prefix_keys.py (the keys of a prompt's prefixes, for the peers' prefix caches), channels.py (one
+gRPC channel per peer address), ray_cluster.py (start or attach to Ray), ray_reaper.py (a local Ray dies with its
+starter), progress.py (progress bars), _exit.py (a prompt exit), _grpc_fork.py (gRPC's fork handlers off, so a
+forked DHT node cannot abort), __main__.py (`python -m swarm`).
 """
 
 from __future__ import annotations

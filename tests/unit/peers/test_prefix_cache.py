@@ -47,8 +47,15 @@ def prompt() -> tuple[torch.Tensor, list[bytes]]:
     return torch.randn(1, 40, HIDDEN, generator=generator), prefix_keys(new_salt(), "m", tokens)
 
 
-def run(engine: Engine, session_id: str, steps: list[tuple[torch.Tensor, int]], keys: list[bytes] | None = None,
-        client: str = "alice", close: bool = True, max_length: int = 64) -> tuple[int, list[torch.Tensor]]:  # fmt: skip
+def run(
+    engine: Engine,
+    session_id: str,
+    steps: list[tuple[torch.Tensor, int]],
+    keys: list[bytes] | None = None,
+    client: str = "alice",
+    close: bool = True,
+    max_length: int = 64,
+) -> tuple[int, list[torch.Tensor]]:
     """Open a session, attach `keys` (if any), run `steps`; the tokens it held from the cache and its outputs."""
     engine.open(session_id, BLOCKS, 1, max_length=max_length, client=client)
     held = engine.prefix(session_id, keys, attach=True) if keys is not None else 0
