@@ -53,6 +53,7 @@ bench: $(MODEL_READY)
 	$(PY) -m benchmarks.api --model $(MODEL)
 	$(PY) -m benchmarks.wan --model $(MODEL)
 	$(PY) -m benchmarks.speculative --model $(MODEL)
+	$(PY) -m benchmarks.prefix --model $(MODEL)
 	$(PY) -m benchmarks.quant --model $(MODEL)
 	$(PY) -m benchmarks.peer_footprint --model $(MODEL)
 

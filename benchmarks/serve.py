@@ -101,7 +101,7 @@ class PeerCounters(NamedTuple):
     cpu_s: float = 0.0  # its process's CPU seconds
 
 
-def batch_sequences(metrics: str) -> PeerCounters:
+def peer_counters(metrics: str) -> PeerCounters:
     """A peer's counters, from its /metrics text."""
     names = {
         "swarm_engine_batch_sequences_sum": "sequences",
@@ -119,7 +119,7 @@ def batch_sequences(metrics: str) -> PeerCounters:
 
 def _batch_counters(metrics_urls: list[str]) -> list[PeerCounters]:
     """Each peer's counters, read from its /metrics."""
-    return [batch_sequences(urllib.request.urlopen(url, timeout=10).read().decode()) for url in metrics_urls]
+    return [peer_counters(urllib.request.urlopen(url, timeout=10).read().decode()) for url in metrics_urls]
 
 
 def mean_batches(before: list[PeerCounters], after: list[PeerCounters]) -> list[float]:

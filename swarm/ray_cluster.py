@@ -101,13 +101,11 @@ def check_client_address(address: str) -> None:
         host = None
     if not host:
         raise SwarmError(f"Ray Client address {address!r} is not ray://HOST[:PORT]")
-    try:
-        socket.create_connection((host, port), timeout=CLIENT_CONNECT_TIMEOUT_S).close()
-    except OSError as error:
-        raise SwarmError(
-            f"cannot reach the Ray Client server at {address} ({error}): is the cluster's head up "
-            "(`ray start --head --ray-client-server-port PORT`) and the port open to this machine?"
-        ) from None
+    _reachable(
+        (host, port),
+        f"cannot reach the Ray Client server at {address} ({{error}}): is the cluster's head up "
+        "(`ray start --head --ray-client-server-port PORT`) and the port open to this machine?",
+    )
 
 
 def check_gcs_address(address: str) -> None:
@@ -117,13 +115,19 @@ def check_gcs_address(address: str) -> None:
     parsed = _gcs_host_port(address)
     if parsed is None:
         return  # ray://, auto, local, or no port: Ray Client's check, or ray.init, deals with it
+    _reachable(
+        parsed,
+        f"cannot reach the Ray cluster's GCS at {address} ({{error}}): is the cluster up (`swarm up` prints its "
+        "address as `ray address:`; `ray start --head` listens on --port) and the port open to this machine?",
+    )
+
+
+def _reachable(host_port: tuple[str, int], message: str) -> None:
+    """Raise SwarmError(message, with {error} filled in) unless a TCP connection to host_port opens in time."""
     try:
-        socket.create_connection(parsed, timeout=CLIENT_CONNECT_TIMEOUT_S).close()
+        socket.create_connection(host_port, timeout=CLIENT_CONNECT_TIMEOUT_S).close()
     except OSError as error:
-        raise SwarmError(
-            f"cannot reach the Ray cluster's GCS at {address} ({error}): is the cluster up (`swarm up` prints its "
-            "address as `ray address:`; `ray start --head` listens on --port) and the port open to this machine?"
-        ) from None
+        raise SwarmError(message.format(error=error)) from None
 
 
 def is_loopback_gcs_address(address: str) -> bool:

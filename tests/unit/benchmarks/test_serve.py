@@ -14,10 +14,10 @@ from benchmarks.hf_baseline import efficiency, greedy_tokens, greedy_tokens_per_
 from benchmarks.serve import (
     SMOLLM2_VOCAB,
     PeerCounters,
-    batch_sequences,
     cpu_ms_per_token,
     engine_times,
     mean_batches,
+    peer_counters,
     summary,
     vocab_size,
     write_tiny,
@@ -74,8 +74,8 @@ def test_efficiency_is_swarm_over_baseline_at_each_level_both_measured() -> None
 
 
 def test_each_peers_mean_batch_comes_from_its_own_counters() -> None:
-    assert batch_sequences(METRICS) == PeerCounters(sequences=42.0, iterations=10.0, busy_s=2.5, cpu_s=3.5)
-    assert batch_sequences("") == PeerCounters()
+    assert peer_counters(METRICS) == PeerCounters(sequences=42.0, iterations=10.0, busy_s=2.5, cpu_s=3.5)
+    assert peer_counters("") == PeerCounters()
     before, after = [PeerCounters(2.0, 1.0), PeerCounters()], [PeerCounters(42.0, 11.0), PeerCounters()]
     assert mean_batches(before, after) == [4.0, 0.0]
 

@@ -13,6 +13,7 @@ import torch
 from peers.engine import Engine
 from peers.engine_records import EngineConfig
 from peers.kv_cache import PagePool, PoolShape
+from peers.lora import LoraWeights
 from peers.model_runner import ModelRunner
 from peers.scheduler import TaskKind
 from swarm.errors import InvalidRequest
@@ -20,6 +21,7 @@ from swarm.partition import BlockSpan
 from swarm.prefix_keys import KEY_TOKENS, new_salt, prefix_keys
 
 from .conftest import HIDDEN
+from .test_served_adapters import random_adapter
 
 PAGE = 16
 BLOCKS = range(0, 4)
@@ -53,15 +55,13 @@ def run(
     steps: list[tuple[torch.Tensor, int]],
     keys: list[bytes] | None = None,
     client: str = "alice",
-    close: bool = True,
-    max_length: int = 64,
+    adapter: LoraWeights | None = None,
 ) -> tuple[int, list[torch.Tensor]]:
     """Open a session, attach `keys` (if any), run `steps`; the tokens it held from the cache and its outputs."""
-    engine.open(session_id, BLOCKS, 1, max_length=max_length, client=client)
+    engine.open(session_id, BLOCKS, 1, max_length=64, adapter=adapter, client=client)
     held = engine.prefix(session_id, keys, attach=True) if keys is not None else 0
     outputs = [engine.step(session_id, hidden, position).result(60) for hidden, position in steps]
-    if close:
-        engine.close(session_id)
+    engine.close(session_id)
     return held, outputs
 
 
@@ -189,6 +189,43 @@ def test_keys_past_a_rollback_are_forgotten_so_rewritten_tokens_are_not_cached_u
     held, (rest,) = run(engine, "b", [(hidden[:, 16:], 16)], keys)
     assert held == 16
     torch.testing.assert_close(rest, scratch[:, 16:], atol=TOLERANCE, rtol=0)
+
+
+def test_an_adapters_pages_serve_the_same_adapter_only(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]], tiny_span: BlockSpan
+) -> None:
+    hidden, keys = prompt
+    alpha = random_adapter(tiny_span, "alpha", 1)
+    _, (scratch,) = run(engine, "scratch", [(hidden, 0)], client="bob", adapter=alpha)
+    _, (bare,) = run(engine, "bare", [(hidden, 0)], keys)  # cached without an adapter
+    assert run(engine, "a", [(hidden, 0)], keys, adapter=alpha)[0] == 0  # the bare model's pages are not alpha's
+    held, (rest,) = run(engine, "b", [(hidden[:, 32:], 32)], keys, adapter=alpha)
+    assert held == 32
+    torch.testing.assert_close(rest, scratch[:, 32:], atol=TOLERANCE, rtol=0)
+    assert not torch.allclose(rest, bare[:, 32:], atol=1e-3)  # the adapter does change the output
+
+
+def test_beams_that_fork_from_cached_pages_copy_them_and_equal_beams_computed_from_scratch(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    """Two rows of one prompt start from the same cached pages; a fork (hypo_ids) then a step of each row."""
+    hidden, keys = prompt
+    run(engine, "a", [(hidden, 0)], keys)
+    rows = hidden.expand(2, -1, -1)
+    steps = [(torch.randn(2, 1, HIDDEN), 40), (torch.randn(2, 1, HIDDEN), 41)]
+    engine.open("scratch", BLOCKS, 2, max_length=64, client="bob")
+    engine.step("scratch", rows, 0).result(60)
+    expected = [engine.step("scratch", h, p, [1, 1] if p == 41 else None).result(60) for h, p in steps]
+    engine.close("scratch")
+    engine.open("beams", BLOCKS, 2, max_length=64, client="alice")
+    assert engine.prefix("beams", keys, attach=True) == 32
+    engine.step("beams", rows[:, 32:], 32).result(60)
+    got = [engine.step("beams", h, p, [1, 1] if p == 41 else None).result(60) for h, p in steps]
+    for output, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(output, reference, atol=TOLERANCE, rtol=0)
+    engine.close("beams")
+    assert run(engine, "c", [(hidden[:, 32:], 32)], keys)[0] == 32  # the cached pages are as they were
+    assert engine.pool.pages_free == engine.pool.pages_total  # every page back: free, or cached and evictable
 
 
 def test_bad_keys_are_refused(engine: Engine) -> None:
