@@ -40,6 +40,8 @@ from swarm.security import SwarmCredentials
 
 OPEN = SwarmCredentials.open()
 VOCAB_LOW, VOCAB_HIGH = 100, 40_000  # random ids clear of the special tokens
+# 32 prefills of 528 tokens queue for minutes on 2 cores: no step is late (and failed over) for queueing there
+STEP_TIMEOUT_S = 600.0
 
 
 def ids(generator: torch.Generator, count: int) -> torch.Tensor:
@@ -114,8 +116,9 @@ def requests(model: DistributedModelForCausalLM, ns: argparse.Namespace, shared:
 
 def phase(path: Path, registry, servers: list[PeerServer], caching: bool, ns: argparse.Namespace) -> dict:
     model = DistributedModelForCausalLM.from_pretrained(
-        path, registry.addresses, codec=CodecId[ns.codec], credentials=OPEN, prefix_cache=caching
-    )
+        path, registry.addresses, codec=CodecId[ns.codec], credentials=OPEN, prefix_cache=caching,
+        step_timeout_s=STEP_TIMEOUT_S,
+    )  # fmt: skip
     try:
         measure: dict[str, Callable[[], dict]] = {
             "chats": lambda: chats(model, servers, ns),

@@ -5,14 +5,35 @@ tokens are computed, and a rollback forgets the keys past it. Every method runs 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from peers.engine_records import EngineSession
 from peers.kv_cache import PagePool
 from peers.prefix_cache import Scope
+from swarm._proto import swarm_pb2 as pb
 from swarm.errors import InvalidRequest, SessionNotFound
-from swarm.prefix_keys import KEY_BYTES, KEY_TOKENS
+from swarm.prefix_keys import KEY_BYTES, KEY_TOKENS, Tail
 
 MAX_KEYS = 1 << 16  # keys one message may carry: a million tokens' worth, far past any session's max_length
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixRequest:
+    """A client's SessionPrefix message (proto/swarm.proto), decoded."""
+
+    keys: list[bytes]
+    attach: bool = False
+    tails: tuple[Tail, ...] = ()  # with attach: cached partial pages the client offers to continue its keys
+    keep: int | None = None  # with attach, sent again: the tokens to keep
+    tail: Tail | None = None  # without attach: the session's last partial page, to keep as it ends
+
+    def check(self) -> None:
+        tails = [*self.tails, *([self.tail] if self.tail is not None else [])]
+        keys = [*self.keys, *(tail.key for tail in tails)]
+        if len(keys) > MAX_KEYS or any(len(key) != KEY_BYTES for key in keys):
+            raise InvalidRequest(f"prefix keys must be at most {MAX_KEYS} keys of {KEY_BYTES} bytes each")
+        if any(not 0 < tail.tokens < KEY_TOKENS or tail.runs > MAX_KEYS for tail in tails):
+            raise InvalidRequest(f"a prefix tail holds 1 to {KEY_TOKENS - 1} tokens after at most {MAX_KEYS} runs")
 
 
 class SessionPrefixes:
@@ -22,42 +43,56 @@ class SessionPrefixes:
     _cond: threading.Condition
     _sessions: dict[str, EngineSession]
 
-    def prefix(self, session_id: str, keys: list[bytes], attach: bool) -> int:
+    def prefix(self, session_id: str, request: PrefixRequest) -> int:
         """The client's keys for the session's tokens, KEY_TOKENS at a time (swarm/prefix_keys.py); the session's
         length after it. With `attach`, a session that has run no step yet starts from the cached pages of the
-        longest run of its keys, or, called again, keeps only the first len(keys) * KEY_TOKENS tokens of those (the
-        client trims every hop to what all of them hold). Its full pages are indexed under its keys as their tokens
-        are computed. Without a cache (or a session of no key) nothing is attached: the length is 0.
+        longest run of its keys (and a cached tail among `tails` after them), or, called again, keeps only the
+        first `keep` tokens of those (the client trims every hop to what all of them hold). Its full pages are
+        indexed under its keys as their tokens are computed; with `tail`, its last partial page is too (the client
+        says so as the session ends). Without a cache nothing is attached: the length is 0.
 
         Raises:
             SessionNotFound: the session is not open.
-            InvalidRequest: a key that is not KEY_BYTES long, or more than MAX_KEYS of them.
+            InvalidRequest: a key that is not KEY_BYTES long, more than MAX_KEYS of them, or a tail of no token.
         """
-        if len(keys) > MAX_KEYS or any(len(key) != KEY_BYTES for key in keys):
-            raise InvalidRequest(f"prefix keys must be at most {MAX_KEYS} keys of {KEY_BYTES} bytes each")
+        request.check()
         with self._cond:
             session = self._sessions.get(session_id)
             if session is None:
                 raise SessionNotFound(f"session {session_id!r} is not open on this peer")
             if self.pool.cache is None:
                 return session.length
-            if attach and session.fresh:
-                self._attach(session, keys)
-            session.prefix_keys = keys
+            if request.attach and session.fresh:
+                self._attach(session, request)
+            session.prefix_keys = request.keys
             self._index_pages(session)
+            if request.tail is not None:
+                self._index_tail(session, request.tail)
             return session.length
 
-    def _attach(self, session: EngineSession, keys: list[bytes]) -> None:
+    def _attach(self, session: EngineSession, request: PrefixRequest) -> None:
         cache = self.pool.cache
         assert cache is not None
         if not session.attached:
-            pages = cache.lookup(_scope(session), keys)
+            scope = _scope(session)
+            pages = cache.lookup(scope, request.keys)
+            length = len(pages) * self.pool.page_size
+            if (tail := cache.lookup_tail(scope, list(request.tails), len(pages))) is not None:
+                pages, length = [*pages, tail[0]], length + tail[1]
             for sequence in session.sequences:
-                sequence.attach(self.pool, pages)
+                sequence.attach(self.pool, pages, length)
             session.attached = True
             return
+        keep = session.length if request.keep is None else request.keep
         for sequence in session.sequences:  # trimmed to what every hop of the client's route holds
-            sequence.truncate(self.pool, min(sequence.length, len(keys) * KEY_TOKENS))
+            sequence.truncate(self.pool, min(sequence.length, keep))
+
+    def _index_tail(self, session: EngineSession, tail: Tail) -> None:
+        """Index the first row's last, partial page as `tail`, if it holds exactly the tail's tokens."""
+        cache, sequence = self.pool.cache, session.sequences[0]
+        assert cache is not None
+        if sequence.length == tail.runs * KEY_TOKENS + tail.tokens and len(sequence.pages) > tail.runs:
+            cache.add_tail(_scope(session), tail, sequence.pages[tail.runs])
 
     def _truncate(self, session: EngineSession, position: int) -> None:
         """A step at `position` comes in: the session is no longer fresh (nothing more is attached to it), and below
@@ -90,3 +125,10 @@ def _scope(session: EngineSession) -> Scope:
     key = session.adapter.key if session.adapter is not None else None
     adapter = f"{key.owner}/{key.adapter_id}@{key.version}" if key is not None else ""
     return (session.client, session.blocks.start, session.blocks.stop, adapter)
+
+
+def prefix_request(message: pb.SessionPrefix) -> PrefixRequest:
+    """The engine's form of a SessionPrefix message; `keep_tokens` counts only when attach is sent again."""
+    tails = tuple(Tail(tail.runs, tail.tokens, tail.key) for tail in message.tails)
+    tail = Tail(message.tail.runs, message.tail.tokens, message.tail.key) if message.HasField("tail") else None
+    return PrefixRequest(list(message.keys), message.attach, tails, message.keep_tokens, tail)

@@ -193,11 +193,11 @@ class Sequence:
     def release(self, pool: PagePool) -> None:
         self.truncate(pool, 0)
 
-    def attach(self, pool: PagePool, pages: list[int]) -> None:
-        """Start an empty sequence from cached `pages`, whose tokens it then holds (prefix caching)."""
+    def attach(self, pool: PagePool, pages: list[int], length: int) -> None:
+        """Start an empty sequence from cached `pages`, whose first `length` tokens it then holds (prefix caching)."""
         assert not self.pages, "only an empty sequence starts from cached pages"
         pool.share(pages)
-        self.pages, self.length = list(pages), len(pages) * pool.page_size
+        self.pages, self.length = list(pages), length
 
     def copies_to_write(self, pool: PagePool, position: int) -> int:
         """Pages to take before writing from `position` on: 1 when the page holding it is shared or cached."""

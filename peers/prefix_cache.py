@@ -8,6 +8,10 @@ evictable: it counts as free, and the pool takes it back, least recently used fi
 so a cached page never keeps an admitted session out. Pages are indexed only once every token they hold is
 computed, and a session that would write into an indexed or shared page writes into a copy (copy-on-write).
 
+A prompt's last partial page is kept too, when its session ends, under a tail key (swarm/prefix_keys.py `Tail`)
+with its token count, where pages are as long as a key's run; a new session that continues a chain with a tail
+its client offers takes that page as well, and writes its own tokens into a copy of it.
+
 Everything here runs under the engine's lock (peers/engine.py), as the pool's page tables do.
 """
 
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from swarm.prefix_keys import KEY_TOKENS
+from swarm.prefix_keys import KEY_TOKENS, Tail
 
 Scope = tuple[str, int, int, str]  # (client, first block, end block, adapter): keys of one scope never meet another's
 
@@ -40,6 +44,7 @@ class PrefixIndex:
         self._pages: dict[tuple[Scope, bytes], int] = {}
         self._entries: dict[int, tuple[Scope, bytes]] = {}  # page -> the entry it holds
         self._idle: OrderedDict[int, None] = OrderedDict()  # indexed pages no sequence holds, least recent first
+        self._tail_tokens: dict[int, int] = {}  # a partial page indexed as a tail -> the tokens it holds
         self.stats = PrefixStats()
 
     @property
@@ -69,6 +74,24 @@ class PrefixIndex:
         self.stats.miss_tokens += (len(keys) // self.keys_per_page - len(found)) * page_tokens
         return found
 
+    def lookup_tail(self, scope: Scope, tails: list[Tail], runs: int) -> tuple[int, int] | None:
+        """A cached partial page that continues a chain of `runs` whole pages, among the client's `tails`: (page,
+        tokens it holds). Only where a page is one key's run."""
+        if self.keys_per_page != 1:
+            return None
+        for tail in tails:
+            page = self._pages.get((scope, tail.key)) if tail.runs == runs else None
+            if page is not None and self._tail_tokens.get(page) == tail.tokens:
+                self.stats.hit_tokens += tail.tokens
+                return page, tail.tokens
+        return None
+
+    def add_tail(self, scope: Scope, tail: Tail, page: int) -> None:
+        """Index the partial `page` holding `tail` (a session that ends, its last page)."""
+        if self.keys_per_page == 1 and 0 < tail.tokens < KEY_TOKENS and page not in self._entries:
+            self.add(scope, tail.key, page)
+            self._tail_tokens[page] = tail.tokens
+
     def add(self, scope: Scope, key: bytes, page: int) -> None:
         """Index `page` (its tokens all computed) under `key`; a key or a page indexed already keeps its entry."""
         entry = (scope, key)
@@ -94,6 +117,7 @@ class PrefixIndex:
         for _ in range(count):
             page, _ = self._idle.popitem(last=False)
             del self._pages[self._entries.pop(page)]
+            self._tail_tokens.pop(page, None)
             pages.append(page)
         self.stats.evictions += count
         return pages

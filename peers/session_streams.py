@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from peers.engine import Engine
+from peers.engine_prefix import prefix_request
 from peers.limits import Admission, StreamBudget
 from peers.metrics import PeerMetrics
 from peers.push import INBOX_MESSAGES, Pusher, PushFence
@@ -159,7 +160,7 @@ class SessionStream:
             self._error(prefix.session_id, 0, _not_ours(prefix.session_id))
             return
         try:
-            held = self.host.engine.prefix(session.session_id, list(prefix.keys), prefix.attach)
+            held = self.host.engine.prefix(session.session_id, prefix_request(prefix))
         except SwarmError as error:
             self._fail(session, 0, error)
             return

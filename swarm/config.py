@@ -11,6 +11,7 @@ from swarm.security import SwarmCredentials
 PROMPT_LOOKUP = "prompt_lookup"  # ClientConfig.speculative's values (swarm/client/drafters.py)
 DRAFT_PREFIX = "draft:"
 MAX_SPECULATIVE_TOKENS = 32
+MAX_SALT_BYTES = 64  # BLAKE2b's longest key (swarm/prefix_keys.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,10 @@ class ClientConfig:
         if self.verify_margin < 0:
             raise InvalidArgument("verify_margin", f"must be >= 0, got {self.verify_margin}")
         check_speculative(self.speculative, self.num_speculative_tokens)
+        if isinstance(self.prefix_salt, str):  # from a config file (swarm api's client_options)
+            object.__setattr__(self, "prefix_salt", self.prefix_salt.encode())
+        if not isinstance(self.prefix_salt, bytes) or len(self.prefix_salt) > MAX_SALT_BYTES:
+            raise InvalidArgument("prefix_salt", f"must be bytes (or text) of at most {MAX_SALT_BYTES} bytes")
 
 
 def check_speculative(speculative: object, num_speculative_tokens: object) -> None:

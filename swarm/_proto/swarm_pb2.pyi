@@ -340,14 +340,30 @@ class SessionClose(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class SessionPrefix(_message.Message):
-    __slots__ = ("session_id", "keys", "attach")
+    __slots__ = ("session_id", "keys", "attach", "tails", "keep_tokens", "tail")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ATTACH_FIELD_NUMBER: _ClassVar[int]
+    TAILS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     attach: bool
-    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., attach: _Optional[bool] = ...) -> None: ...
+    tails: _containers.RepeatedCompositeFieldContainer[PrefixTail]
+    keep_tokens: int
+    tail: PrefixTail
+    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., attach: _Optional[bool] = ..., tails: _Optional[_Iterable[_Union[PrefixTail, _Mapping]]] = ..., keep_tokens: _Optional[int] = ..., tail: _Optional[_Union[PrefixTail, _Mapping]] = ...) -> None: ...
+
+class PrefixTail(_message.Message):
+    __slots__ = ("runs", "tokens", "key")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    runs: int
+    tokens: int
+    key: bytes
+    def __init__(self, runs: _Optional[int] = ..., tokens: _Optional[int] = ..., key: _Optional[bytes] = ...) -> None: ...
 
 class SessionsRequest(_message.Message):
     __slots__ = ("open", "steps", "fence", "close", "prefix")

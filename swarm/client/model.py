@@ -36,7 +36,7 @@ from swarm.client.view import SwarmView
 from swarm.config import ClientConfig, check_speculative
 from swarm.errors import CredentialsError, InvalidArgument, InvalidRequest
 from swarm.partition import load_client_head, open_checkpoint
-from swarm.prefix_keys import new_salt
+from swarm.prefix_keys import TailMemory, new_salt
 from swarm.registry import Registry
 from swarm.registry.addresses import initial_peer_list
 from swarm.router import Bans, MinLatencyRouter, WiringRouter
@@ -69,7 +69,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True, credentials=self.credentials)
         name = config.model_name or Path(path).name
         self.prefix_salt = (config.prefix_salt or new_salt()) if config.prefix_cache else b""
-        self.prefix_namespace = name
+        self.prefix_namespace, self.prefix_tails = name, TailMemory()
         self.metrics = ClientMetrics(name)
         self._draft_models = DraftModels()  # speculative="draft:PATH" models, loaded on first use
         port = config.metrics_port

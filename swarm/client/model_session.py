@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from swarm.client.arguments import check_session_shape
+from swarm.client.prefix_reuse import PromptPrefix
 from swarm.errors import InvalidRequest
-from swarm.prefix_keys import KEY_TOKENS, prefix_keys
+from swarm.prefix_keys import KEY_TOKENS, TailMemory, prefix_keys, tail_of
 
 if TYPE_CHECKING:
     from swarm.client.head_batching import SharedHead
@@ -28,6 +29,7 @@ class SessionHost(Protocol):
     context_length: int
     prefix_salt: bytes  # the client's secret for prefix keys (swarm/prefix_keys.py); b"": no prefix caching
     prefix_namespace: str  # the model's name in them
+    prefix_tails: TailMemory  # the last partial pages of its sessions, which a later prompt may continue
     head: ClientHead
     shared_head: SharedHead  # the head's logits, batched across the model's concurrent sessions
     _active: ContextVar[ModelSession | None]  # the session a `with` block made current
@@ -103,10 +105,21 @@ class ModelSession:
         same prompt only: n choices, beams)."""
         if not self.model.prefix_salt or reusable < KEY_TOKENS or not bool((ids == ids[:1]).all()):
             return 0
-        keys = prefix_keys(self.model.prefix_salt, self._namespace, ids[0, :reusable].tolist())
-        held = self.session.use_prefix(keys, lambda n: self.model.head.embed(ids[:, :n]))
+        salt, tokens = self.model.prefix_salt, ids[0, :reusable].tolist()
+        keys = prefix_keys(salt, self._namespace, tokens)
+        prefix = PromptPrefix(keys, self.model.prefix_tails.candidates(salt, keys, tokens), len(tokens))
+        held = self.session.use_prefix(prefix, lambda n: self.model.head.embed(ids[:, :n]))
         self.cached_tokens += held
         return held
+
+    def _register_prefix(self) -> None:
+        """The pages of the whole conversation, its last partial one too, stay with the peers for its next turn."""
+        salt, tokens = self.model.prefix_salt, self.tokens[0].tolist()
+        keys = prefix_keys(salt, self._namespace, tokens)
+        tail = tail_of(salt, keys, tokens)
+        self.session.register_prefix(keys, tail)
+        if tail is not None:
+            self.model.prefix_tails.remember(keys, tail)
 
     @property
     def _namespace(self) -> str:
@@ -132,8 +145,7 @@ class ModelSession:
         if not self._closed:  # the route's load is released once, whatever calls close()
             self._closed = True
             if self.model.prefix_salt and self.batch_size == 1 and self.tokens.shape[1] >= KEY_TOKENS:
-                # the pages of the whole conversation stay with the peers for its next turn
-                self.session.register_prefix(prefix_keys(self.model.prefix_salt, self._namespace, self.tokens[0]))
+                self._register_prefix()
             self.session.close()
         if self.model.active_session is self:
             self.model.active_session = None

@@ -108,9 +108,11 @@ class PeerLink:
     def fence(self, session_id: str, push_token: bytes) -> None:
         self._outbox.put(pb.SessionsRequest(fence=pb.SessionFence(session_id=session_id, push_token=push_token)))
 
-    def prefix(self, session_id: str, keys: list[bytes], attach: bool) -> None:
+    def prefix(self, session_id: str, message: pb.SessionPrefix) -> None:
         """The session's prefix keys (swarm/prefix_keys.py); with `attach`, a PrefixHeld comes back in its answers."""
-        self._outbox.put(pb.SessionsRequest(prefix=pb.SessionPrefix(session_id=session_id, keys=keys, attach=attach)))
+        request = pb.SessionsRequest(prefix=message)
+        request.prefix.session_id = session_id
+        self._outbox.put(request)
 
     def close_session(self, session_id: str) -> None:
         """Close the session on the peer (its cache is freed); answers still coming for it are dropped."""
@@ -161,8 +163,9 @@ class PeerLink:
             yield from self._step_messages(steps)
             steps = []
             assert isinstance(item, pb.SessionsRequest)
-            kind = item.WhichOneof("kind")
-            if kind not in ("fence", "prefix") or getattr(item, kind).session_id in self._routes:
+            # A prefix goes even for a session closed meanwhile: its keys are for the pages it leaves, and the close
+            # comes after it on the stream.
+            if item.WhichOneof("kind") != "fence" or item.fence.session_id in self._routes:
                 yield item
         yield from self._step_messages(steps)
 
@@ -291,8 +294,8 @@ class LinkSession:
     def fence(self, push_token: bytes) -> None:
         self.link.fence(self.session_id, push_token)
 
-    def prefix(self, keys: list[bytes], attach: bool) -> None:
-        self.link.prefix(self.session_id, keys, attach)
+    def prefix(self, message: pb.SessionPrefix) -> None:
+        self.link.prefix(self.session_id, message)
 
     def heard_since(self, moment: float) -> bool:
         """The peer sent something on the shared stream (an answer to any session) after `moment` (monotonic):

@@ -21,7 +21,7 @@ from swarm.channels import PeerStubs
 from swarm.client.checks import tolerance
 from swarm.client.metrics import ClientMetrics
 from swarm.client.pace import LATE_FLOOR_S, HopPace
-from swarm.client.prefix_reuse import attach_route, register_route
+from swarm.client.prefix_reuse import PromptPrefix, attach_route, register_route
 from swarm.client.span_session import SpanSession
 from swarm.client.verify import Verifier, VerifyPolicy
 from swarm.codec import CodecId
@@ -34,6 +34,7 @@ from swarm.errors import (
     PeerUnavailable,
     SwarmError,
 )
+from swarm.prefix_keys import Tail
 from swarm.router import Router, serving
 from swarm.router.bans import answered_alive
 from swarm.security import SwarmCredentials
@@ -129,14 +130,14 @@ class InferenceSession:
         policy = VerifyPolicy(fraction, tolerance(self.codec, margin), REPLAY_TOKENS)
         self._verifier = Verifier(self.router, self.peers, self._stream, self._tokens, policy, self.metrics, rng)
 
-    def use_prefix(self, keys: list[bytes], embed: Callable[[int], torch.Tensor]) -> int:
-        """Before the first step: start from what every hop holds of the prompt whose keys are `keys` in its prefix
-        cache (swarm/client/prefix_reuse.py); the number of tokens held, where the first step then goes.
-        `embed(n)`: the first hop's inputs for those n tokens, kept as its replay history (the later hops' is
-        missing: a failover there replays the whole route from them)."""
-        if self.position or self._length or not keys:
+    def use_prefix(self, prefix: PromptPrefix, embed: Callable[[int], torch.Tensor]) -> int:
+        """Before the first step: start from what every hop holds of the prompt in its prefix cache
+        (swarm/client/prefix_reuse.py); the number of tokens held, where the first step then goes. `embed(n)`: the
+        first hop's inputs for those n tokens, kept as its replay history (the later hops' is missing: a failover
+        there replays the whole route from them)."""
+        if self.position or self._length or not prefix.keys:
             return 0
-        length = attach_route([state.session for state in self._hops], keys, self.step_timeout_s)
+        length = attach_route([state.session for state in self._hops], prefix, self.step_timeout_s)
         if length:
             self._hops[0].inputs.append(embed(length))
             for state in self._hops[1:]:
@@ -144,10 +145,10 @@ class InferenceSession:
             self.position = self._length = length
         return length
 
-    def register_prefix(self, keys: list[bytes]) -> None:
+    def register_prefix(self, keys: list[bytes], tail: Tail | None) -> None:
         """Give every hop the keys of the session's tokens: the pages it keeps of them when the session ends serve
         this client's next sessions that start the same way."""
-        register_route([state.session for state in self._hops], keys)
+        register_route([state.session for state in self._hops], keys, tail)
 
     def _stream(self, hop: Hop) -> SpanSession:
         return SpanSession(

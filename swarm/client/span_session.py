@@ -115,12 +115,13 @@ class SpanSession:
         self.push_token = secrets.token_bytes(PUSH_TOKEN_BYTES)
         self._transport.fence(self.push_token)
 
-    def send_prefix(self, keys: list[bytes], attach: bool) -> bool:
-        """Send the session's prefix keys (swarm/prefix_keys.py); False where the peer takes none (a session on an
-        Inference stream of its own). With `attach`, read the answer with `held`."""
+    def send_prefix(self, message: pb.SessionPrefix) -> bool:
+        """Send the session's prefix keys (swarm/prefix_keys.py; the message's session_id is filled in); False where
+        the peer takes none (a session on an Inference stream of its own). With `attach`, read the answer with
+        `held`."""
         if not isinstance(self._transport, LinkSession):
             return False
-        self._transport.prefix(keys, attach)
+        self._transport.prefix(message)
         return True
 
     def held(self, timeout_s: float) -> int:

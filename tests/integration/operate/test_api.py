@@ -52,6 +52,24 @@ def test_models_lists_every_model_of_the_api(client: openai.OpenAI, running_api:
     assert sorted(model.id for model in client.models.list()) == sorted(running_api.models)
 
 
+def test_a_repeated_system_prompt_is_served_from_the_peers_prefix_caches(client: openai.OpenAI) -> None:
+    """Issue 39: the second chat that starts with the same system prompt reports cached prompt tokens, as OpenAI does,
+    and answers the same greedy text."""
+    system = {
+        "role": "system",
+        "content": "You answer questions about European geography in one short sentence, naming the country and "
+        "the capital, and nothing else.",
+    }
+    answers = [
+        client.chat.completions.create(model=MODEL, messages=[system, *QUESTION], max_tokens=8, temperature=0)
+        for _ in range(2)
+    ]
+    assert answers[0].usage.prompt_tokens_details.cached_tokens == 0
+    cached = answers[1].usage.prompt_tokens_details.cached_tokens
+    assert 32 <= cached < answers[1].usage.prompt_tokens and cached % 16 == 0
+    assert answers[1].choices[0].message.content == answers[0].choices[0].message.content
+
+
 def test_health_reports_each_models_blocks(running_api: RunningApi) -> None:
     with urllib.request.urlopen(f"{running_api.base_url}/health", timeout=30) as answer:
         health = json.load(answer)

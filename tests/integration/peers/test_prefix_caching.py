@@ -15,6 +15,7 @@ import torch
 from peers.server import PeerServer
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.client import ModelSession
+from swarm.client.prefix_reuse import PromptPrefix
 from swarm.prefix_keys import KEY_TOKENS, prefix_keys
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
@@ -95,7 +96,7 @@ def test_a_chats_next_turn_reuses_the_whole_previous_turn(models, tokenizer) -> 
     reply, _ = greedy(caching, turn1)
     turn2 = torch.cat([reply, tokenizer(" And tomorrow?", return_tensors="pt").input_ids], dim=1)
     tokens, held = greedy(caching, turn2)
-    assert held >= (reply.shape[1] - 1) // KEY_TOKENS * KEY_TOKENS - KEY_TOKENS  # all but the last run of turn 1
+    assert held == reply.shape[1] - 1  # turn 1 to the token: its whole pages and its last, partial one
     assert torch.equal(tokens, greedy(plain, turn2)[0])
 
 
@@ -116,7 +117,8 @@ def test_another_client_reuses_nothing_and_its_own_pages_change_nothing_for_the_
     assert held == 0  # its keys are salted by its own secret: it cannot name the first client's pages
     with other.inference_session(max_length=256) as forger:  # other hidden states under its keys of the prompt
         keys = prefix_keys(other.prefix_salt, other.prefix_namespace + "/", ids[0].tolist())
-        held = forger.session.use_prefix(keys, lambda n: torch.randn(1, n, HIDDEN))
+        prefix = PromptPrefix(keys, [], ids.shape[1])
+        held = forger.session.use_prefix(prefix, lambda n: torch.randn(1, n, HIDDEN))
         forger.session.step(torch.randn(1, ids.shape[1] - held, HIDDEN) * 10)
     logits, warm = first_logits(caching, ids)
     assert warm > 0

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from peers.engine import Engine
+from peers.engine_prefix import PrefixRequest
 from peers.engine_records import EngineConfig
 from peers.kv_cache import PagePool, PoolShape
 from peers.lora import LoraWeights
@@ -18,7 +19,7 @@ from peers.model_runner import ModelRunner
 from peers.scheduler import TaskKind
 from swarm.errors import InvalidRequest
 from swarm.partition import BlockSpan
-from swarm.prefix_keys import KEY_TOKENS, new_salt, prefix_keys
+from swarm.prefix_keys import KEY_TOKENS, Tail, new_salt, prefix_keys
 
 from .conftest import HIDDEN
 from .test_served_adapters import random_adapter
@@ -56,10 +57,11 @@ def run(
     keys: list[bytes] | None = None,
     client: str = "alice",
     adapter: LoraWeights | None = None,
+    tails: tuple[Tail, ...] = (),
 ) -> tuple[int, list[torch.Tensor]]:
     """Open a session, attach `keys` (if any), run `steps`; the tokens it held from the cache and its outputs."""
     engine.open(session_id, BLOCKS, 1, max_length=64, adapter=adapter, client=client)
-    held = engine.prefix(session_id, keys, attach=True) if keys is not None else 0
+    held = engine.prefix(session_id, PrefixRequest(keys, attach=True, tails=tails)) if keys is not None else 0
     outputs = [engine.step(session_id, hidden, position).result(60) for hidden, position in steps]
     engine.close(session_id)
     return held, outputs
@@ -112,8 +114,10 @@ def test_trimming_to_fewer_keys_keeps_only_their_tokens(
     hidden, keys = prompt
     _, (first,) = run(engine, "a", [(hidden, 0)], keys)
     engine.open("b", BLOCKS, 1, max_length=64, client="alice")
-    assert engine.prefix("b", keys, attach=True) == 32
-    assert engine.prefix("b", keys[:1], attach=True) == 16  # the client trims every hop to what all hold
+    assert engine.prefix("b", PrefixRequest(keys, attach=True)) == 32
+    assert (
+        engine.prefix("b", PrefixRequest(keys, attach=True, keep=16)) == 16
+    )  # the client trims every hop to what all hold
     rest = engine.step("b", hidden[:, 16:], 16).result(60)
     torch.testing.assert_close(rest, first[:, 16:], atol=TOLERANCE, rtol=0)
 
@@ -126,7 +130,7 @@ def test_a_rollback_into_the_cached_part_writes_into_a_copy(
     other = torch.randn(1, 12, HIDDEN)
     _, scratch = run(engine, "scratch", [(hidden[:, :20], 0), (other, 20)], client="bob")
     engine.open("b", BLOCKS, 1, max_length=64, client="alice")
-    assert engine.prefix("b", keys, attach=True) == 32
+    assert engine.prefix("b", PrefixRequest(keys, attach=True)) == 32
     changed = engine.step("b", other, 20).result(60)  # page 1 is shared and cached: written into a copy
     torch.testing.assert_close(changed, scratch[1], atol=TOLERANCE, rtol=0)
     engine.close("b")
@@ -143,7 +147,7 @@ def test_another_client_or_other_blocks_never_see_the_pages(
     held, _ = run(engine, "b", [(hidden[:, :1], 0)], keys, client="mallory")
     assert held == 0
     engine.open("c", range(1, 4), 1, max_length=256, client="alice")
-    assert engine.prefix("c", keys, attach=True) == 0
+    assert engine.prefix("c", PrefixRequest(keys, attach=True)) == 0
 
 
 def test_forged_pages_under_a_key_change_only_their_clients_cache(
@@ -180,7 +184,7 @@ def test_keys_past_a_rollback_are_forgotten_so_rewritten_tokens_are_not_cached_u
 ) -> None:
     hidden, keys = prompt
     engine.open("a", BLOCKS, 1, max_length=256, client="alice")
-    engine.prefix("a", keys, attach=True)
+    engine.prefix("a", PrefixRequest(keys, attach=True))
     engine.step("a", hidden[:, :20], 0).result(60)  # page 0 is whole: cached under key 0
     engine.step("a", torch.randn(1, 30, HIDDEN), 10).result(60)  # tokens 10.. rewritten: into a copy of page 0
     engine.close("a")
@@ -218,7 +222,7 @@ def test_beams_that_fork_from_cached_pages_copy_them_and_equal_beams_computed_fr
     expected = [engine.step("scratch", h, p, [1, 1] if p == 41 else None).result(60) for h, p in steps]
     engine.close("scratch")
     engine.open("beams", BLOCKS, 2, max_length=64, client="alice")
-    assert engine.prefix("beams", keys, attach=True) == 32
+    assert engine.prefix("beams", PrefixRequest(keys, attach=True)) == 32
     engine.step("beams", rows[:, 32:], 32).result(60)
     got = [engine.step("beams", h, p, [1, 1] if p == 41 else None).result(60) for h, p in steps]
     for output, reference in zip(got, expected, strict=True):
@@ -228,8 +232,31 @@ def test_beams_that_fork_from_cached_pages_copy_them_and_equal_beams_computed_fr
     assert engine.pool.pages_free == engine.pool.pages_total  # every page back: free, or cached and evictable
 
 
+def test_a_prompt_that_continues_a_finished_session_takes_its_last_partial_page_too(
+    engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
+) -> None:
+    hidden, keys = prompt
+    tail = Tail(2, 8, b"tail of 40 token")  # the 8 tokens after the two whole runs
+    longer = torch.cat([hidden, torch.randn(1, 20, HIDDEN)], dim=1)
+    _, (scratch,) = run(engine, "scratch", [(longer, 0)], client="bob")
+    engine.open("a", BLOCKS, 1, max_length=64, client="alice")
+    engine.prefix("a", PrefixRequest(keys, attach=True))
+    engine.step("a", hidden, 0).result(60)
+    engine.prefix("a", PrefixRequest(keys, tail=tail))  # as the session ends: its partial page is kept
+    engine.close("a")
+    more_keys = [*keys, b"a third whole run"[:16]]  # the longer prompt's third run: not cached
+    engine.open("b", BLOCKS, 1, max_length=64, client="alice")
+    assert engine.prefix("b", PrefixRequest(more_keys, attach=True, tails=(tail,))) == 40
+    rest = engine.step("b", longer[:, 40:], 40).result(60)  # into a copy of the cached partial page
+    engine.close("b")
+    torch.testing.assert_close(rest, scratch[:, 40:], atol=TOLERANCE, rtol=0)
+    held, (again,) = run(engine, "c", [(longer[:, 40:], 40)], keys, tails=(tail,))  # only the two runs: the tail
+    assert held == 40  # the cached partial page is as it was, b wrote into its own copy
+    torch.testing.assert_close(again, scratch[:, 40:], atol=TOLERANCE, rtol=0)
+
+
 def test_bad_keys_are_refused(engine: Engine) -> None:
     engine.open("a", BLOCKS, 1, max_length=256, client="alice")
     with pytest.raises(InvalidRequest, match="16 bytes"):
-        engine.prefix("a", [b"short"], attach=True)
+        engine.prefix("a", PrefixRequest([b"short"], attach=True))
     assert KEY_TOKENS == PAGE
