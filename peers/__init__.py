@@ -32,8 +32,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import swarm._grpc_fork  # noqa: F401  (before anything imports gRPC: a DHT node forked later must not abort)
-
 _EXPORTS = {
     "PeerConfig": "peers.config",
     "PeerDaemon": "peers.daemon",

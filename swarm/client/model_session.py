@@ -144,9 +144,11 @@ class ModelSession:
     def close(self) -> None:
         if not self._closed:  # the route's load is released once, whatever calls close()
             self._closed = True
-            if self.model.prefix_salt and self.batch_size == 1 and self.tokens.shape[1] >= KEY_TOKENS:
-                self._register_prefix()
-            self.session.close()
+            try:
+                if self.model.prefix_salt and self.batch_size == 1 and self.tokens.shape[1] >= KEY_TOKENS:
+                    self._register_prefix()
+            finally:  # whatever happens to the keys, the peers' sessions close
+                self.session.close()
         if self.model.active_session is self:
             self.model.active_session = None
 

@@ -110,8 +110,7 @@ class InferenceSession:
         self.batch_size, self.max_length = batch_size, max_length
         self.step_timeout_s, self.max_failovers, self.push = step_timeout_s, max_failovers, push
         self.late_floor_s = late_floor_s
-        self.position = 0
-        self._length = 0  # the hops' cache length: above `position` after a rollback, until the next step
+        self.position = self._length = 0  # _length: the hops' cache length, above `position` after a rollback
         self._step_id = 0
         self.failovers = 0  # hops replaced after a failure
         self.waits_for_room = 0  # hops re-routed after an Overloaded peer (alive, full): not failures
@@ -286,6 +285,7 @@ class InferenceSession:
             end = max(state.hop.span.end for state in [failed, *self._hops])
             index, span, inputs = 0, Span(self._hops[0].hop.span.start, end), self._hops[0].inputs
             self._close_hops()
+            self._hops = []
         while True:
             if isinstance(error, Overloaded):
                 self._count_wait_for_room(error)
@@ -391,7 +391,6 @@ class InferenceSession:
         for state in self._hops:
             state.session.close()
         self.router.release(self.route, self._tokens)
-        self._hops = []
 
     def __enter__(self) -> InferenceSession:
         return self

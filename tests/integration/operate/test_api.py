@@ -449,15 +449,15 @@ def test_a_stream_cancelled_before_its_first_chunk_stops_and_frees_its_slot(
     """A real HTTP client asks for a streamed completion of 2,000 tokens whose first chunk comes late (a prompt of
     600 tokens to prefill), and hangs up once the peers hold its session, before any chunk has come. Its generation
     stops: its sessions close within a few times what its prefill and first token take (measured just before, the
-    same prompt with max_tokens=1), where 2,000 tokens would take many times that; and a request after it is
+    same length of prompt with max_tokens=1), where 2,000 tokens would take many times that; and a request after it is
     answered. (Through Ray Serve 2.60 the response starts iterating the stream at once, so this held before the fix
     as well; the next test is where a stream closed before it was iterated went on generating.)"""
     metrics = _peer_metrics(running_swarm)
     client = openai.OpenAI(base_url=f"{running_api.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=180)
-    prompt = [504, 3, 77, 1000] * 150
     started = time.monotonic()
-    client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    client.completions.create(model=MODEL, prompt=[504, 3, 77, 1000] * 150, max_tokens=1, temperature=0)
     first_token_s = time.monotonic() - started
+    prompt = [505, 4, 78, 1001] * 150  # as long, but not the same: the peers' prefix caches hold none of it
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 2000, "stream": True, "ignore_eos": True}
     received = _post_then_hang_up(running_api.base_url, "/v1/completions", body, lambda: _open_sessions(metrics) == 2)
     assert b"data:" not in received, received  # the hang-up came before the first chunk

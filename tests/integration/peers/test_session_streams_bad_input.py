@@ -57,7 +57,7 @@ def unknown_codec() -> pb.Tensor:
 
 OPEN = opening("m", (0, 4))
 STREAM_CASES = {
-    "no kind": ([OPEN, pb.SessionsRequest()], "one of open, steps, fence or close"),
+    "no kind": ([OPEN, pb.SessionsRequest()], "one of open, steps, fence, close or prefix"),
     "chunk without a head": (
         [OPEN, pb.SessionsRequest(steps=pb.StepBatch(hidden_states=rows(2)))],
         "none is under way",
