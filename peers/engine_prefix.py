@@ -64,7 +64,8 @@ class SessionPrefixes:
                 return session.length
             if request.attach and session.fresh:
                 self._attach(session, request)
-            session.prefix_keys = request.keys
+            if request.keys:  # a trim carries none: the keys sent with the attach still name the tokens
+                session.prefix_keys = request.keys
             self._index_pages(session)
             if request.tail is not None:
                 self._index_tail(session, request.tail)

@@ -108,18 +108,20 @@ def test_a_page_of_two_keys_is_cached_whole_or_not_at_all(
         engine.shutdown(5)
 
 
-def test_trimming_to_fewer_keys_keeps_only_their_tokens(
+def test_trimming_to_fewer_keys_keeps_only_their_tokens_and_indexes_the_rest_as_computed(
     engine: Engine, prompt: tuple[torch.Tensor, list[bytes]]
 ) -> None:
     hidden, keys = prompt
     _, (first,) = run(engine, "a", [(hidden, 0)], keys)
-    engine.open("b", BLOCKS, 1, max_length=64, client="alice")
-    assert engine.prefix("b", PrefixRequest(keys, attach=True)) == 32
-    assert (
-        engine.prefix("b", PrefixRequest(keys, attach=True, keep=16)) == 16
-    )  # the client trims every hop to what all hold
-    rest = engine.step("b", hidden[:, 16:], 16).result(60)
-    torch.testing.assert_close(rest, first[:, 16:], atol=TOLERANCE, rtol=0)
+    longer = torch.cat([hidden, torch.randn(1, 24, HIDDEN)], dim=1)  # 64 tokens: keys of two more runs
+    longer_keys = [*keys[:2], *prefix_keys(new_salt(), "m", list(range(64)))[2:]]
+    engine.open("b", BLOCKS, 1, max_length=80, client="alice")
+    assert engine.prefix("b", PrefixRequest(longer_keys, attach=True)) == 32
+    assert engine.prefix("b", PrefixRequest([], attach=True, keep=16)) == 16  # the client's trim carries no keys
+    rest = engine.step("b", longer[:, 16:], 16).result(60)
+    torch.testing.assert_close(rest[:, :24], first[:, 16:], atol=TOLERANCE, rtol=0)
+    engine.close("b")  # without sending its keys again: the trim kept them, so its pages were indexed as computed
+    assert run(engine, "c", [(longer[:, 63:], 63)], longer_keys)[0] == 64
 
 
 def test_a_rollback_into_the_cached_part_writes_into_a_copy(
