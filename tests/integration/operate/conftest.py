@@ -1,5 +1,4 @@
-"""One `swarm up --peers 2` for the operating tests (Prometheus, the monitor, a user's mistakes), started on first
-use, with the very command the README's Quick start gives (plus a short record TTL)."""
+"""The operating tests' `swarm api` on the tier's shared `swarm up` (tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,57 +11,9 @@ from pathlib import Path
 import pytest
 
 from ..daemons import REPO_ROOT, Daemon
+from ..shared_swarm import RunningSwarm
 
-TTL = 6.0
 ARTIFACTS = Path(__file__).resolve().parents[3] / ".cache" / "artifacts"
-
-
-@dataclass
-class RunningSwarm:
-    daemon: Daemon
-    initial_peers: str
-    ray_address: str
-    peer_ids: list[str]
-    model_path: Path
-
-    def join(self, *flags: str) -> Daemon:
-        """One more peer daemon on the same Ray cluster."""
-        return Daemon(
-            "peer",
-            "join",
-            "--open",
-            "--model",
-            str(self.model_path),
-            "--initial-peers",
-            self.initial_peers,
-            "--ray-address",
-            self.ray_address,
-            "--ttl",
-            str(TTL),
-            *flags,
-        )
-
-
-def quick_start_commands() -> list[list[str]]:
-    """The arguments of each `swarm ...` line of the README's Quick start block, in order, comments dropped."""
-    section = (REPO_ROOT / "README.md").read_text().split("## Quick start", 1)[1]
-    block = section.split("```bash", 1)[1].split("```", 1)[0]
-    return [shlex.split(line, comments=True)[1:] for line in block.splitlines() if line.startswith("swarm ")]
-
-
-@pytest.fixture(scope="session")
-def running_swarm(smollm2_path: Path) -> Iterator[RunningSwarm]:
-    up = quick_start_commands()[0]
-    assert up[:1] == ["up"] and "--peers" in up, f"the README's Quick start should begin with `swarm up`: {up}"
-    daemon = Daemon(*up, "--ttl", str(TTL))
-    try:
-        peer_ids = [daemon.wait_for(r"peer (\w+) blocks", 240).group(1) for _ in range(2)]
-        ray_address = daemon.wait_for(r"ray address: (\S+)", 60).group(1)
-        initial_peers = daemon.wait_for(r"initial peers: (\S+)", 60).group(1)
-        yield RunningSwarm(daemon, initial_peers, ray_address, peer_ids, smollm2_path)
-        assert daemon.terminate(timeout_s=90) == 0
-    finally:
-        daemon.kill()
 
 
 def free_port() -> int:

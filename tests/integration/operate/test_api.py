@@ -25,8 +25,9 @@ from swarm.security import SwarmCredentials
 
 from ..api_schemas import CLOCK_TOOL, PERSON, WEATHER_TOOL
 from ..daemons import poll_until
+from ..shared_swarm import RunningSwarm
 from ..user_process import run_cli
-from .conftest import API_KEY, ORPHAN_MODEL, RunningApi, RunningSwarm
+from .conftest import API_KEY, ORPHAN_MODEL, RunningApi
 
 MODEL = "smollm2-135m"
 REPO_MODEL = Path(__file__).resolve().parents[3] / ".cache" / "models" / MODEL

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from .conftest import API_KEY, ARTIFACTS, ORPHAN_MODEL, RunningApi, RunningSwarm
+from ..shared_swarm import RunningSwarm
+from .conftest import API_KEY, ARTIFACTS, ORPHAN_MODEL, RunningApi
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = [

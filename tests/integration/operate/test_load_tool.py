@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import API_KEY, RunningApi, RunningSwarm
+from ..shared_swarm import RunningSwarm
+from .conftest import API_KEY, RunningApi
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 GUIDELLM = REPO_ROOT / ".cache" / "load-tool" / "bin" / "guidellm"

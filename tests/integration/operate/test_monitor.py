@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from ..daemons import Daemon
-from .conftest import ARTIFACTS, RunningSwarm
+from ..shared_swarm import RunningSwarm
+from .conftest import ARTIFACTS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 BLOCKS = 30

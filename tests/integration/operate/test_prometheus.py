@@ -26,7 +26,8 @@ from swarm import CodecId, DistributedModelForCausalLM
 from swarm.security import SwarmCredentials
 
 from ..daemons import REPO_ROOT, Daemon
-from .conftest import TTL, RunningSwarm, free_port
+from ..shared_swarm import TTL, RunningSwarm
+from .conftest import free_port
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 

@@ -1,5 +1,6 @@
-"""The README's Quick start, run as written: its `swarm up` line started the shared swarm (conftest.py); the lines
-after it run here in order, with ADDR replaced by the address that `swarm up` printed."""
+"""The README's Quick start, run as written: its `swarm up` line started the tier's shared swarm
+(tests/integration/conftest.py); the lines after it run here in order, with ADDR replaced by the address that
+`swarm up` printed."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import sys
 
 from ..daemons import ENV, REPO_ROOT
-from .conftest import RunningSwarm, quick_start_commands
+from ..shared_swarm import RunningSwarm, quick_start_commands
 
 
 def test_the_quick_start_runs_as_written(running_swarm: RunningSwarm) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ...machine_pace import scaled
+from ..shared_swarm import RunningSwarm
 from ..user_process import UserProcess, UserRun, run_cli, run_script
-from .conftest import RunningSwarm
 
 EXIT_LAG_S = 2.0  # a process is gone this soon after its last word (on a quiet machine: tests/machine_pace.py)
 INTERRUPT_LAG_S = 5.0  # and this soon after Ctrl-C

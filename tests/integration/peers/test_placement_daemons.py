@@ -1,6 +1,7 @@
 """Placement and rebalancing with real peers: `swarm peer join` daemons (Ray actors, DHT, gRPC, SmolLM2) move to
 the blocks the swarm lacks, and a generation open on a peer that moves still completes with the same tokens.
-`swarm up --peers 0` provides Ray and the DHT; each test names its own model in the registry."""
+The integration tier's shared `swarm up` (tests/integration/conftest.py) provides Ray and the DHT; each test names
+its own model in the registry, so the shared swarm's two peers are not among its peers."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, PeerState
 
 from ..daemons import Daemon, poll_until
+from ..shared_swarm import TTL, RunningSwarm
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
-TTL = 6.0
 PERIOD = 2.0  # rebalance checks every 1-3 s
 SMALL = ("--cache-tokens", "4096", "--drain-grace", "2", "--ttl", str(TTL), "--rebalance-period", str(PERIOD))
 
@@ -55,20 +56,14 @@ class Swarm:
 
 
 @pytest.fixture(scope="module")
-def swarm(smollm2_path: Path) -> Iterator[Swarm]:
-    up = Daemon("up", "--open", "--peers", "0", "--model", str(smollm2_path), "--ttl", str(TTL))
-    swarm = None
+def swarm(running_swarm: RunningSwarm) -> Iterator[Swarm]:
+    swarm = Swarm(running_swarm.model_path, running_swarm.initial_peers, running_swarm.ray_address)
     try:
-        ray_address = up.wait_for(r"ray address: (\S+)", 240).group(1)
-        initial_peers = up.wait_for(r"initial peers: (\S+)", 60).group(1)
-        swarm = Swarm(smollm2_path, initial_peers, ray_address)
         yield swarm
     finally:
-        if swarm is not None:
-            for daemon in swarm.daemons:
-                daemon.kill()
-            swarm.registry.shutdown()
-        up.terminate(timeout_s=60)
+        for daemon in swarm.daemons:
+            daemon.kill()
+        swarm.registry.shutdown()
 
 
 def moves_of(daemon: Daemon) -> list[str]:
