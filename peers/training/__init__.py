@@ -8,6 +8,7 @@ for a replica (the gate in front of Gradients, Progress and StepNow); gradient_e
 between replicas over their own servers; digest.py: a cheap fingerprint of a replica's parameters; metrics.py:
 Prometheus; actor.py: TrainingStagePeer,
 one replica that joins a stage (state from a live replica or a checkpoint); stage_actor.py: StageActor, the Ray
-actor a job starts around it; boot_priority.py: IdleBoot, a replica's boot at idle CPU priority; job.py:
+actor a job starts around it; boot_priority.py: IdleBoot, a replica's boot at idle CPU priority; idle_deadline.py:
+its deadline, a process of its own; job.py:
 TrainingJob, a whole job on Ray (bootstrap node, stage replicas, trainers; `swarm train`).
 """

@@ -10,48 +10,61 @@ the booting thread's time slice, and the swarm ran at 31 samples/s instead of 50
 Linux keeps the policy per thread; threads and processes started by an idle thread are idle too. So the boot ends
 by putting every idle thread of this process and of its descendants (hivemind's DHT and averagers, p2pd, torch's
 shared-memory manager) back under the normal policy; their nice values never changed. A deadline bounds it: on a
-host that never idles, a boot finishes at normal priority rather than never. Where a thread could not return to
-the normal policy (sched(7): an unprivileged user under the default RLIMIT_NICE, or a container without
-CAP_SYS_NICE), tried first on a thread of its own, nothing changes and the replica boots as before.
+host that never idles, a boot finishes at normal priority rather than never. The deadline is a process of its own
+(idle_deadline.py), since a thread of the booting process would wait for the GIL its idle thread holds. Where a
+thread could not return to the normal policy (sched(7): an unprivileged user under the default RLIMIT_NICE, or a
+container without CAP_SYS_NICE), tried first on a thread of its own, nothing changes and the replica boots as
+before.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from types import TracebackType
 
-import psutil
+from peers.training.idle_deadline import restore_normal_policy
 
 logger = logging.getLogger(__name__)
+
+DEADLINE_SCRIPT = Path(__file__).with_name("idle_deadline.py")
 
 
 class IdleBoot:
     """`with IdleBoot(deadline_s) as boot:` the calling thread (and all it starts) runs under SCHED_IDLE until
-    `boot.end()`, the block's end or `deadline_s`, whichever comes first."""
+    `boot.end()`, the block's end or `deadline_s`, whichever comes first. The deadline is a process of its own at
+    normal priority (idle_deadline.py): a thread of this process would need the GIL, which the idle thread holds."""
 
     def __init__(self, deadline_s: float) -> None:
         self.deadline_s = deadline_s
         self.started_at = time.monotonic()
         self.ended_after_s: float | None = None  # seconds at idle priority; None: it never was (or still is)
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._deadline: subprocess.Popen[str] | None = None
         self.active = False
 
     def __enter__(self) -> IdleBoot:
         if self.deadline_s <= 0 or not may_leave_idle():
             return self
-        # the timer's thread starts before this thread turns idle, so it keeps the normal policy
-        self._timer = threading.Timer(self.deadline_s, self._deadline_passed)
-        self._timer.daemon = True
-        self._timer.start()
+        self.started_at = time.monotonic()
+        deadline = self.started_at + self.deadline_s
+        # started before this thread turns idle, so that it keeps the normal policy
+        self._deadline = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(DEADLINE_SCRIPT), str(os.getpid()), str(deadline)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         except OSError as error:  # a sandbox that refuses it: boot at normal priority
             logger.info("cannot boot at idle priority: %s", error)
-            self._timer.cancel()
+            self._stop_deadline()
             return self
         self.active = True
         return self
@@ -67,19 +80,25 @@ class IdleBoot:
             if not self.active:
                 return
             self.active = False
-            self.ended_after_s = time.monotonic() - self.started_at
-        if self._timer is not None:
-            self._timer.cancel()
-        for thread_id in _threads_of_this_process_tree():
-            try:
-                if os.sched_getscheduler(thread_id) == os.SCHED_IDLE:
-                    os.sched_setscheduler(thread_id, os.SCHED_OTHER, os.sched_param(0))
-            except OSError as error:  # exited meanwhile
-                logger.debug("thread %d keeps its policy: %s", thread_id, error)
+            ended_at = time.monotonic()
+        restored_at = self._stop_deadline()
+        if restored_at is not None:
+            logger.info("boot ran past %.0f s at idle priority: it went on at normal priority", self.deadline_s)
+        restore_normal_policy(os.getpid())
+        self.ended_after_s = min(ended_at, restored_at or ended_at) - self.started_at
 
-    def _deadline_passed(self) -> None:
-        logger.info("boot still running after %.0f s at idle priority: going on at normal priority", self.deadline_s)
-        self.end()
+    def _stop_deadline(self) -> float | None:
+        """Stop the deadline's process; when it acted (monotonic clock), or None if it did not."""
+        if self._deadline is None:
+            return None
+        try:
+            # a line, not just the pipe's end: a process forked meanwhile holds that end open too
+            report, _ = self._deadline.communicate("end\n", timeout=10)
+        except subprocess.TimeoutExpired:
+            self._deadline.kill()
+            report, _ = self._deadline.communicate()
+        self._deadline = None
+        return float(report) if report.strip() else None
 
 
 def may_leave_idle() -> bool:
@@ -101,14 +120,3 @@ def may_leave_idle() -> bool:
     thread.start()
     thread.join()
     return outcome == [True]
-
-
-def _threads_of_this_process_tree() -> list[int]:
-    me = psutil.Process()
-    thread_ids: list[int] = []
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            thread_ids += [thread.id for thread in process.threads()]
-        except psutil.Error as error:  # exited meanwhile
-            logger.debug("process %d gone: %s", process.pid, error)
-    return thread_ids

@@ -95,3 +95,32 @@ def test_a_busy_normal_thread_keeps_its_core_against_an_idle_boot() -> None:
     cpu = dict(line.split() for line in out.strip().splitlines())
     normal, idle = float(cpu["normal"]), float(cpu["idle"])
     assert normal > 5 * idle, cpu
+
+
+def test_the_deadline_acts_even_while_the_booting_process_gets_no_cpu_at_all() -> None:
+    """On a busy host the idle thread hardly runs and holds the GIL, so nothing inside its process can act on time
+    (a timer thread waited 7.2 s for a 3 s deadline). Stopping the booting process models that exactly: the
+    deadline still puts its threads back under the normal policy."""
+    out = run_python(
+        """
+        import os, signal, time
+        from peers.training.boot_priority import IdleBoot
+
+        ready_r, ready_w = os.pipe()
+        booting = os.fork()
+        if booting == 0:
+            with IdleBoot(deadline_s=0.5) as boot:
+                os.write(ready_w, b"idle")
+                time.sleep(5)
+            os._exit(0)
+        os.read(ready_r, 4)
+        os.kill(booting, signal.SIGSTOP)
+        assert os.sched_getscheduler(booting) == os.SCHED_IDLE
+        time.sleep(1.5)
+        policy = os.sched_getscheduler(booting)
+        os.kill(booting, signal.SIGKILL)
+        os.waitpid(booting, 0)
+        print("other" if policy == os.SCHED_OTHER else f"policy {policy}")
+        """
+    )
+    assert out.strip() == "other"
