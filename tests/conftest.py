@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: the converted SmolLM2 checkpoint (built once, cached under .cache/); a guard
+"""Fixtures shared by every test: the converted SmolLM2 checkpoint (built once, cached under .cache/) and a tiny random
+one of its shape (written once per run, tests/tiny_checkpoint.py); a guard
 that the test process exits once the session is over; and a mend for pytest's log capture (below). RaySwarm is
 imported first, as a user's program would: a test module that imports grpc before it would leave gRPC's fork
 handlers on in the test process, and a DHT node forked from it could abort (swarm/_grpc_fork.py)."""
@@ -41,6 +42,15 @@ def smollm2_path() -> Path:
     from swarm.partition.gguf import ensure_test_model
 
     return ensure_test_model(TEST_MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random checkpoint of SmolLM2's shape, hidden size 64, with its tokenizer (tests/tiny_checkpoint.py): for
+    tests about the swarm's machinery rather than SmolLM2's text."""
+    from tests.tiny_checkpoint import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("models"), smollm2_path)
 
 
 _SHM_BEFORE_SESSION: set[str] = set()

@@ -21,9 +21,11 @@ def write_random_llama(
     max_positions: int = 1024,
     seed: int = 0,
     kv_heads: int | None = None,
+    init_std: float = 0.02,
 ) -> Path:
     """Save a fresh LlamaForCausalLM (float32 safetensors) to `out` and return it; `kv_heads` below `heads` makes
-    it grouped-query (None: as many as `heads`)."""
+    it grouped-query (None: as many as `heads`). `init_std` is the weights' standard deviation (transformers'
+    `initializer_range`): a tiny model of the default 0.02 repeats one token, one of 0.2 writes varied text."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -34,6 +36,7 @@ def write_random_llama(
         num_attention_heads=heads,
         num_key_value_heads=kv_heads or heads,
         max_position_embeddings=max_positions,
+        initializer_range=init_std,
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=None,

@@ -1,7 +1,8 @@
 """Many sessions of one process over the batched Sessions stream (issue 37): 64 concurrent greedy generations of
-different prompt lengths through SmolLM2's two halves (codec NONE), sharing one PeerStubs and so one stream per
-peer, each equal to Hugging Face `generate` for its prompt alone; and a session whose hop fails mid-generation
-fails over alone while the others finish with the same tokens."""
+different prompt lengths through the two halves of the tiny random checkpoint of SmolLM2's shape (codec NONE,
+tests/tiny_checkpoint.py), sharing one PeerStubs and so one stream per peer, each equal to Hugging Face `generate`
+on the same checkpoint for its prompt alone; and a session whose hop fails mid-generation fails over alone while the
+others finish with the same tokens."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from swarm.partition import load_span
 from swarm.router import MinLatencyRouter
 from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, Span
+from tests.tiny_checkpoint import TINY_MODEL_NAME
 
 from .wire import peer_info
 
@@ -44,11 +46,11 @@ LATE_FLOOR_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def hf(smollm2_path: Path):
+def hf(tiny_checkpoint_path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(str(smollm2_path))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint_path), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(tiny_checkpoint_path))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def prompts_and_expected(hf) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 @pytest.fixture
-def replica(smollm2_path: Path) -> Iterator[PeerServer]:
+def replica(tiny_checkpoint_path: Path) -> Iterator[PeerServer]:
     """A second server of blocks [15, 30), stopped by the test (stopping a stopped server does nothing)."""
     config = ServerConfig(
         cache_tokens=4096,
@@ -72,7 +74,7 @@ def replica(smollm2_path: Path) -> Iterator[PeerServer]:
         limits=LimitsConfig(sessions_per_client=64),
         credentials=OPEN,
     )
-    server = PeerServer(load_span(smollm2_path, 15, 30), config, peer_id="replica-15", model="smollm2")
+    server = PeerServer(load_span(tiny_checkpoint_path, 15, 30), config, peer_id="replica-15", model=TINY_MODEL_NAME)
     server.start()
     yield server
     server.stop()
@@ -119,20 +121,20 @@ def sequences_per_iteration(server: PeerServer) -> tuple[float, float]:
 
 
 def test_concurrent_generations_batch_and_each_equals_hugging_face_alone(
-    peer_servers, hf, prompts_and_expected
+    tiny_peer_servers, hf, prompts_and_expected
 ) -> None:
     model, _ = hf
-    peers = [peer_info(server) for server in peer_servers]
-    before = [sequences_per_iteration(server) for server in peer_servers]
+    peers = [peer_info(server) for server in tiny_peer_servers]
+    before = [sequences_per_iteration(server) for server in tiny_peer_servers]
     stubs = PeerStubs(OPEN)
     try:
         got = run_all(model, [ids for ids, _ in prompts_and_expected], lambda n: lambda fresh=False: peers, stubs)
-        links = [stubs.link(server.address) for server in peer_servers]
+        links = [stubs.link(server.address) for server in tiny_peer_servers]
     finally:
         stubs.close()
     for (tokens, failovers), (_, expected), prompt in zip(got, prompts_and_expected, PROMPTS, strict=True):
         assert failovers == 0 and torch.equal(tokens, expected), (prompt, tokens.tolist(), expected.tolist())
-    for server, (sums, counts) in zip(peer_servers, before, strict=True):
+    for server, (sums, counts) in zip(tiny_peer_servers, before, strict=True):
         now_sums, now_counts = sequences_per_iteration(server)
         mean = (now_sums - sums) / (now_counts - counts)
         print(f"{server.address}: {mean:.2f} sequences per iteration")
@@ -142,11 +144,11 @@ def test_concurrent_generations_batch_and_each_equals_hugging_face_alone(
     assert first.steps_sent >= SESSIONS * NEW_TOKENS and first.steps_sent > first.batches_sent
 
 
-def test_a_failing_hop_fails_over_its_session_alone(peer_servers, replica, hf, prompts_and_expected) -> None:
+def test_a_failing_hop_fails_over_its_session_alone(tiny_peer_servers, replica, hf, prompts_and_expected) -> None:
     """Session FAILING's second hop is the replica, the others' the shared peer; the replica stops once FAILING
     has 3 tokens. It re-routes and replays on its own; the others never notice."""
     model, _ = hf
-    first, second = (peer_info(server) for server in peer_servers)
+    first, second = (peer_info(server) for server in tiny_peer_servers)
     stopped = threading.Event()
 
     def peers_of(number: int) -> Callable[[bool], list[PeerInfo]]:

@@ -1,5 +1,7 @@
 """DistributedModelForCausalLM over two live peers announced in a real DHT, against Hugging Face generate; one
-model object shared by many threads."""
+model object shared by many threads. The tests of the client's machinery run on the tiny random checkpoint of
+SmolLM2's shape (tests/tiny_checkpoint.py), whose tokens are as exact a check against HF as SmolLM2's; greedy
+generation and the 8-bit codec's agreement run on the real SmolLM2, whose activations the codec is measured on."""
 
 from __future__ import annotations
 
@@ -26,21 +28,48 @@ THREAD_PROMPTS = [f"{start} {subject}" for start in STARTS for subject in SUBJEC
 THREAD_TOKENS = 4  # each of 32 threads decodes past its prefill while the others do (was 8: the suite's time)
 
 
-@pytest.fixture(scope="module")
-def reference(smollm2_path: Path):
+def local_model(checkpoint: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(str(smollm2_path))
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(checkpoint))
 
 
 @pytest.fixture(scope="module")
-def model(smollm2_path: Path, bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
+def reference(tiny_checkpoint_path: Path):
+    return local_model(tiny_checkpoint_path)
+
+
+@pytest.fixture(scope="module")
+def smollm2_reference(smollm2_path: Path):
+    return local_model(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint_path: Path, tiny_bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
     model = DistributedModelForCausalLM.from_pretrained(
-        smollm2_path, bootstrap.addresses, codec=CodecId.NONE, credentials=OPEN
+        tiny_checkpoint_path, tiny_bootstrap.addresses, codec=CodecId.NONE, credentials=OPEN
     )
     yield model
     model.close()
+
+
+def test_greedy_generation_equals_hugging_face_token_for_token_on_smollm2(
+    smollm2_path: Path, bootstrap: Registry, smollm2_reference
+) -> None:
+    hf_model, tokenizer = smollm2_reference
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        expected = hf_model.generate(input_ids, max_new_tokens=64, do_sample=False)
+    model = DistributedModelForCausalLM.from_pretrained(
+        smollm2_path, bootstrap.addresses, codec=CodecId.NONE, credentials=OPEN
+    )
+    try:
+        got = model.generate(input_ids, max_new_tokens=64)
+    finally:
+        model.close()
+    assert got.shape == expected.shape
+    assert torch.equal(got, expected), (tokenizer.decode(got[0]), tokenizer.decode(expected[0]))
 
 
 def test_greedy_generation_equals_hugging_face_token_for_token(model, reference) -> None:
@@ -49,8 +78,7 @@ def test_greedy_generation_equals_hugging_face_token_for_token(model, reference)
     with torch.inference_mode():
         expected = hf_model.generate(input_ids, max_new_tokens=64, do_sample=False)
     got = model.generate(input_ids, max_new_tokens=64)
-    assert got.shape == expected.shape
-    assert torch.equal(got, expected), (tokenizer.decode(got[0]), tokenizer.decode(expected[0]))
+    assert torch.equal(got, expected), (got, expected)
 
 
 def test_multi_turn_session_continues_the_same_caches(model, reference) -> None:
@@ -109,8 +137,9 @@ def test_stop_tokens_end_generation(model, reference) -> None:
     assert stopped.shape[1] <= input_ids.shape[1] + 3 and int(stopped[0, -1]) == stop
 
 
-def test_remote_sequential_forward_and_backward_equal_local_autograd(model, peer_servers) -> None:
-    hidden = torch.randn(2, 5, 576, requires_grad=True)
+def test_remote_sequential_forward_and_backward_equal_local_autograd(model, tiny_peer_servers) -> None:
+    peer_servers = tiny_peer_servers
+    hidden = torch.randn(2, 5, peer_servers[0].backend.span.cfg.hidden_size, requires_grad=True)
     remote = model.blocks(hidden, position=0)
     grad = torch.randn_like(remote)
     remote.backward(grad)
@@ -123,9 +152,11 @@ def test_remote_sequential_forward_and_backward_equal_local_autograd(model, peer
     assert float((hidden.grad - local_input.grad).norm() / local_input.grad.norm()) <= 1e-5
 
 
-def test_8bit_activations_keep_next_token_agreement_and_perplexity(smollm2_path: Path, bootstrap, reference) -> None:
+def test_8bit_activations_keep_next_token_agreement_and_perplexity(
+    smollm2_path: Path, bootstrap: Registry, smollm2_reference
+) -> None:
     """Teacher-forced over tests/data/eval_text.txt (2,076 tokens), default codec on every hop, vs local HF."""
-    hf_model, tokenizer = reference
+    hf_model, tokenizer = smollm2_reference
     text = (Path(__file__).resolve().parents[2] / "data" / "eval_text.txt").read_text()
     input_ids = tokenizer(text, return_tensors="pt").input_ids
     assert input_ids.shape[1] >= 2000

@@ -1,7 +1,8 @@
-"""The peer engine through real peers (gRPC, SmolLM2): concurrent sessions batched into one forward give each
-session exactly what it gets alone; greedy generations equal Hugging Face's; a pool too small for every session
-preempts some and every generation still completes with the same tokens; a client that vanishes gives its pages
-back within the idle timeout."""
+"""The peer engine through real peers (gRPC, the tiny random checkpoint of SmolLM2's shape, tests/tiny_checkpoint.py):
+concurrent sessions batched into one forward give each session exactly what it gets alone; greedy generations equal
+Hugging Face's on the same checkpoint; a pool too small for every session preempts some and every generation still
+completes with the same tokens; a client that vanishes gives its pages back within the idle timeout. What is checked
+is the engine's batching, paging and preemption, which any weights show as exactly as SmolLM2's."""
 
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ from swarm.partition import ClientHead, load_client_head
 from swarm.router import MinLatencyRouter
 from swarm.security import SwarmCredentials
 from swarm.types import Hop, Span
+from tests.tiny_checkpoint import SHAPE, TINY_MODEL_NAME
 
 from ..daemons import poll_until
-from .wire import peer_info, smollm2_halves
+from .wire import peer_info, serving_halves
+
+HIDDEN = SHAPE["hidden"]
 
 OPEN = SwarmCredentials.open()
 PROMPTS = [
@@ -44,16 +48,16 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def head(smollm2_path: Path) -> ClientHead:
-    return load_client_head(smollm2_path)
+def head(tiny_checkpoint_path: Path) -> ClientHead:
+    return load_client_head(tiny_checkpoint_path)
 
 
 @pytest.fixture(scope="module")
-def hf_greedy(smollm2_path: Path):
+def hf_greedy(tiny_checkpoint_path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint_path), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_checkpoint_path))
 
     def generate(prompt: str, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
@@ -120,16 +124,16 @@ def run_plan(address: str, plan: list[tuple[int, torch.Tensor]], start_delay_s: 
         session.close()
 
 
-def test_sixteen_interleaved_sessions_equal_each_session_run_alone(peer_servers, head) -> None:
-    server = peer_servers[0]
+def test_sixteen_interleaved_sessions_equal_each_session_run_alone(tiny_peer_servers, head) -> None:
+    server = tiny_peer_servers[0]
     plans = [session_plan(seed, head) for seed in range(16)]
     alone = [run_plan(server.address, plan) for plan in plans]
     iterations = server.engine.iterations
     together = in_threads(run_plan, [(server.address, plan, 0.05 * (i % 5)) for i, plan in enumerate(plans)])
     steps = sum(len(plan) for plan in plans)
     assert server.engine.iterations - iterations < steps  # steps of different sessions shared iterations
-    # Hidden states of SmolLM2 reach hundreds (massive activations), where one float32 ulp is 3e-5 to 1.2e-4: batched
-    # matrix products round differently, so the bound is relative to each output's scale (measured 1e-7 to 2.3e-6).
+    # Batched matrix products round differently, so the bound is relative to each output's scale (SmolLM2's hidden
+    # states reach hundreds, where one float32 ulp is 3e-5 to 1.2e-4; measured there 1e-7 to 2.3e-6).
     worst = 0.0
     for got, expected in zip(together, alone, strict=True):
         assert not isinstance(got, BaseException), got
@@ -139,19 +143,19 @@ def test_sixteen_interleaved_sessions_equal_each_session_run_alone(peer_servers,
     assert server.engine.open_sessions == 0 and server.pool.pages_used == 0
 
 
-def test_eight_concurrent_greedy_generations_equal_hugging_face(peer_servers, head, hf_greedy) -> None:
+def test_eight_concurrent_greedy_generations_equal_hugging_face(tiny_peer_servers, head, hf_greedy) -> None:
     references = [hf_greedy(prompt, 24) for prompt in PROMPTS]
-    got = in_threads(greedy, [(head, peer_servers, ids, 24) for ids, _ in references])
+    got = in_threads(greedy, [(head, tiny_peer_servers, ids, 24) for ids, _ in references])
     for tokens, (_, expected) in zip(got, references, strict=True):
         assert not isinstance(tokens, BaseException), tokens
         assert torch.equal(tokens[: len(expected)], expected)
 
 
 @pytest.fixture(scope="module")
-def small_pool_servers(smollm2_path: Path) -> Iterator[list[PeerServer]]:
+def small_pool_servers(tiny_checkpoint_path: Path) -> Iterator[list[PeerServer]]:
     """Pools of 192 tokens: room for about four of the eight generations below at once."""
     config = ServerConfig(cache_tokens=192, page_size=8, max_session_length=128, credentials=OPEN, session_idle_s=4)
-    with smollm2_halves(smollm2_path, config, "small", model="smollm2") as servers:
+    with serving_halves(tiny_checkpoint_path, config, "small", model=TINY_MODEL_NAME) as servers:
         yield servers
 
 
@@ -181,7 +185,7 @@ CLIENT = textwrap.dedent(
     from swarm.security import SwarmCredentials
     from swarm.types import Hop, Span
     session = SpanSession(Hop("p", sys.argv[1], Span(0, 15)), 1, 64, CodecId.NONE, 30.0, SwarmCredentials.open())
-    session.step(torch.randn(1, 20, 576), 0, 0)
+    session.step(torch.randn(1, 20, int(sys.argv[2])), 0, 0)
     print("stepped", flush=True)
     time.sleep(600)
     """
@@ -192,7 +196,7 @@ CLIENT = textwrap.dedent(
 def test_a_client_that_vanishes_gives_its_pages_back_within_the_idle_timeout(small_pool_servers, vanish) -> None:
     server = small_pool_servers[0]
     idle_closes = server.engine.idle_closes
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, server.address], stdout=subprocess.PIPE)
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, server.address, str(HIDDEN)], stdout=subprocess.PIPE)
     try:
         assert client.stdout.readline().decode().strip() == "stepped"
         assert server.pool.pages_used > 0

@@ -1,6 +1,9 @@
 """transformers' generate, all of it, over two live peers (codec NONE) against the same checkpoint run locally:
 each family of arguments gives the local token ids (and scores within 1e-4), beam search's reorders reach the
-peers' caches, left-padded batches equal each row alone, and the text-generation pipeline reads the same."""
+peers' caches, left-padded batches equal each row alone, and the text-generation pipeline reads the same. On the
+tiny random checkpoint of SmolLM2's shape and tokenizer (tests/tiny_checkpoint.py): what is checked is that the
+swarm computes what transformers computes, which any weights show as well (test_distributed_model.py's greedy test
+does it on SmolLM2)."""
 
 from __future__ import annotations
 
@@ -40,21 +43,21 @@ PADDED_PROMPTS = [  # 3 to 40 tokens once tokenized
 
 
 @pytest.fixture(scope="module")
-def local(smollm2_path: Path):
-    return AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
+def local(tiny_checkpoint_path: Path):
+    return AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint_path), dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
-def tokenizer(smollm2_path: Path):
-    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path))
+def tokenizer(tiny_checkpoint_path: Path):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_checkpoint_path))
     tokenizer.padding_side = "left"
     return tokenizer
 
 
 @pytest.fixture(scope="module")
-def model(smollm2_path: Path, bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
+def model(tiny_checkpoint_path: Path, tiny_bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
     model = DistributedModelForCausalLM.from_pretrained(
-        smollm2_path, bootstrap.addresses, codec=CodecId.NONE, credentials=SwarmCredentials.open()
+        tiny_checkpoint_path, tiny_bootstrap.addresses, codec=CodecId.NONE, credentials=SwarmCredentials.open()
     )
     yield model
     model.close()

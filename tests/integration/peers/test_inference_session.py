@@ -20,7 +20,7 @@ from swarm.security import SwarmCredentials
 from swarm.types import Span
 
 from .test_peer_rpc import forward
-from .wire import peer_info, smollm2_halves
+from .wire import peer_info, serving_halves
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
 
@@ -121,7 +121,7 @@ def test_missing_blocks_are_named(peer_servers) -> None:
 @pytest.fixture
 def replicas(smollm2_path: Path) -> Iterator[list[PeerServer]]:
     """A second copy of each span, started per test because failover tests stop them."""
-    with smollm2_halves(smollm2_path, ServerConfig(cache_tokens=4096, credentials=OPEN), "replica") as servers:
+    with serving_halves(smollm2_path, ServerConfig(cache_tokens=4096, credentials=OPEN), "replica") as servers:
         yield servers
 
 

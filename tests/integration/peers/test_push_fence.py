@@ -30,7 +30,7 @@ from swarm.security import SwarmCredentials
 from swarm.types import Hop, Span
 
 from .test_inference_session import EVERYTHING, local_chain, worst_relative
-from .wire import peer_info, smollm2_halves
+from .wire import peer_info, serving_halves
 
 OPEN = SwarmCredentials.open()
 
@@ -99,7 +99,7 @@ def test_a_push_cannot_claim_the_id_of_a_later_step(peer_servers, stubs) -> None
 
 @pytest.fixture
 def replicas(smollm2_path: Path) -> Iterator[list[PeerServer]]:
-    with smollm2_halves(smollm2_path, ServerConfig(cache_tokens=4096, credentials=OPEN), "fenced") as servers:
+    with serving_halves(smollm2_path, ServerConfig(cache_tokens=4096, credentials=OPEN), "fenced") as servers:
         yield servers
 
 

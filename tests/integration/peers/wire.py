@@ -1,4 +1,4 @@
-"""Helpers shared by the peer tests (and the security tests): in-process servers on SmolLM2's two halves,
+"""Helpers shared by the peer tests (and the security tests): in-process servers on a checkpoint's two halves,
 inference-stream request builders and PeerInfo for in-process servers."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ HALVES = ((0, 15), (15, 30))  # SmolLM2's 30 blocks, split between two peers
 
 
 @contextmanager
-def smollm2_halves(checkpoint: Path, config: ServerConfig, prefix: str, model: str = "") -> Iterator[list[PeerServer]]:
+def serving_halves(checkpoint: Path, config: ServerConfig, prefix: str, model: str = "") -> Iterator[list[PeerServer]]:
     """Two started peers serving HALVES of `checkpoint`, named f"{prefix}-{start}"; stopped on exit."""
     servers = [
         PeerServer(load_span(checkpoint, start, end), config, peer_id=f"{prefix}-{start}", model=model)

@@ -21,7 +21,7 @@ from swarm.registry import Announcer, Registry
 from swarm.security import TLS_NAME, SwarmCredentials
 
 from ...swarm_keys import Keys, make_keys
-from ..peers.wire import peer_info, smollm2_halves
+from ..peers.wire import peer_info, serving_halves
 
 MODEL = "smollm2-135m"
 
@@ -34,7 +34,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
 @pytest.fixture(scope="module")
 def private_peers(smollm2_path: Path, keys: Keys) -> Iterator[list[PeerServer]]:
     config = ServerConfig(cache_tokens=4096, max_session_length=1024, credentials=keys.alice)
-    with smollm2_halves(smollm2_path, config, "private", model=MODEL) as servers:
+    with serving_halves(smollm2_path, config, "private", model=MODEL) as servers:
         yield servers
 
 

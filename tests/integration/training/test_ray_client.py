@@ -134,10 +134,10 @@ def smollm2_swarm(smollm2_path: Path) -> Iterator[list[str]]:
     from swarm.registry import Announcer, Registry
     from swarm.security import SwarmCredentials
 
-    from ..peers.wire import peer_info, smollm2_halves
+    from ..peers.wire import peer_info, serving_halves
 
     config = ServerConfig(cache_tokens=1024, max_session_length=256, credentials=SwarmCredentials.open())
-    with smollm2_halves(smollm2_path, config, "rc-peer", model="smollm2") as servers:
+    with serving_halves(smollm2_path, config, "rc-peer", model="smollm2") as servers:
         registry = Registry(credentials=SwarmCredentials.open())
         announcers = []
         try:

@@ -1,0 +1,27 @@
+"""A tiny random checkpoint in SmolLM2's shape: its 30 blocks, its vocabulary, tokenizer, chat template and
+generation config, with random weights of hidden size 64. For tests about the swarm's machinery (placement, spans,
+failover, batching, sessions, transformers' generate against the same checkpoint run locally), not about SmolLM2's
+text: every span, `--blocks` and coverage assertion reads as on SmolLM2, and a peer loads it and computes a token in
+almost no time. Its tokens depend on every weight, position and cached token as much as SmolLM2's do, so a wrong
+cache or position changes them just as surely; weights of standard deviation 0.2 make it write varied tokens (at the
+default 0.02 it repeats one), with top-two logit gaps far above float32's differences between code paths."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from swarm.training.init_model import write_random_llama
+
+TINY_MODEL_NAME = "tiny-smollm2"  # the registry's name for it: its directory's name
+SHAPE = dict(layers=30, hidden=64, heads=4, kv_heads=2, vocab=49152, max_positions=8192, init_std=0.2, seed=0)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def write_tiny_checkpoint(parent: Path, smollm2: Path) -> Path:
+    """The tiny checkpoint written to `parent`/TINY_MODEL_NAME, with SmolLM2's tokenizer files; returns its path."""
+    out = write_random_llama(parent / TINY_MODEL_NAME, **SHAPE)
+    for name in TOKENIZER_FILES:
+        if (smollm2 / name).is_file():
+            shutil.copy(smollm2 / name, out / name)
+    return out
