@@ -1,11 +1,14 @@
-"""LoRA and shallow prompt tuning through two live SmolLM2 peers (codec NONE) against local peft training of the same
-adapter on the same batches; the adapter saved by the swarm loads into transformers + peft and gives the swarm's
-logits. Deep prompt tuning through the peers against the same training in plain torch on the local model."""
+"""LoRA and shallow prompt tuning through two live peers (codec NONE) against local peft training of the same adapter
+on the same batches; the adapter saved by the swarm loads into transformers + peft and gives the swarm's logits. Deep
+prompt tuning through the peers against the same training in plain torch on the local model. These run on the tiny
+random checkpoint of SmolLM2's shape (tests/tiny_checkpoint.py): equality with peft and torch holds for any weights.
+The task a LoRA adapter learns through the swarm is learnt on SmolLM2 itself."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,8 +20,11 @@ from swarm.client.lora import LoraAdapter
 from swarm.client.prompts import PromptTuning
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
+from tests.tiny_checkpoint import SHAPE
 
 from .finetune_helpers import batches, local_peft, relative
+
+HIDDEN = SHAPE["hidden"]
 
 STEPS = 20
 PTUNE_STEPS = 5
@@ -27,35 +33,63 @@ LR = 1e-3
 
 
 @pytest.fixture(scope="module")
-def swarm_model(smollm2_path: Path, bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
+def swarm_model(tiny_checkpoint_path: Path, tiny_bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
+    with frozen_swarm_model(tiny_checkpoint_path, tiny_bootstrap) as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def smollm2_swarm_model(smollm2_path: Path, bootstrap: Registry) -> Iterator[DistributedModelForCausalLM]:
+    with frozen_swarm_model(smollm2_path, bootstrap) as model:
+        yield model
+
+
+@contextmanager
+def frozen_swarm_model(checkpoint: Path, registry: Registry) -> Iterator[DistributedModelForCausalLM]:
     model = DistributedModelForCausalLM.from_pretrained(
-        smollm2_path, bootstrap.addresses, codec=CodecId.NONE, credentials=SwarmCredentials.open()
+        checkpoint, registry.addresses, codec=CodecId.NONE, credentials=SwarmCredentials.open()
     )
     model.requires_grad_(False)  # only the adapter trains
-    yield model
-    model.close()
+    try:
+        yield model
+    finally:
+        model.close()
+
+
+@contextmanager
+def without_adapter(model: DistributedModelForCausalLM) -> Iterator[DistributedModelForCausalLM]:
+    """The shared `model`, left without an adapter however the test ends."""
+    try:
+        yield model
+    finally:
+        model.blocks.adapter = None
+        model.blocks.prompts = None
 
 
 @pytest.fixture
 def bare(swarm_model: DistributedModelForCausalLM) -> Iterator[DistributedModelForCausalLM]:
-    """The shared model, left without an adapter by each test however it ends."""
-    yield swarm_model
-    swarm_model.blocks.adapter = None
-    swarm_model.blocks.prompts = None
+    with without_adapter(swarm_model) as model:
+        yield model
+
+
+@pytest.fixture
+def bare_smollm2(smollm2_swarm_model: DistributedModelForCausalLM) -> Iterator[DistributedModelForCausalLM]:
+    with without_adapter(smollm2_swarm_model) as model:
+        yield model
 
 
 @pytest.mark.timeout(600)  # 20 steps of each of two 135M models on 2 shared cores: 2 to 5 minutes
-def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(bare, smollm2_path, tmp_path) -> None:
+def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(bare, tiny_checkpoint_path, tmp_path) -> None:
     swarm_model = bare
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    local = local_peft(smollm2_path)
+    local = local_peft(tiny_checkpoint_path)
     local.save_pretrained(tmp_path / "init")
     adapter = LoraAdapter.from_pretrained(swarm_model, tmp_path / "init")  # the same initial tensors
     swarm_model.blocks.adapter = adapter
-    data = batches(AutoTokenizer.from_pretrained(str(smollm2_path)), STEPS)
+    data = batches(AutoTokenizer.from_pretrained(str(tiny_checkpoint_path)), STEPS)
     trainable = [p for p in local.parameters() if p.requires_grad]
     optimizers = torch.optim.AdamW(trainable, lr=LR), torch.optim.AdamW(adapter.parameters(), lr=LR)
     losses, started = [], time.perf_counter()
@@ -76,8 +110,8 @@ def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(bare, smoll
     assert losses[-1] < losses[1] - 0.1  # it learned
     assert max(diffs) <= 1e-4
 
-    adapter.save_pretrained(tmp_path / "swarm", base_model=str(smollm2_path))
-    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    adapter.save_pretrained(tmp_path / "swarm", base_model=str(tiny_checkpoint_path))
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint_path), dtype=torch.float32)
     loaded = PeftModel.from_pretrained(base, tmp_path / "swarm").eval()
     with torch.no_grad():
         expected = loaded(input_ids=data[0]).logits
@@ -87,17 +121,17 @@ def test_lora_through_the_swarm_applies_peft_updates_and_round_trips(bare, smoll
     assert gap <= 1e-4
 
 
-def test_shallow_prompt_tuning_equals_peft_and_round_trips(bare, smollm2_path, tmp_path) -> None:
+def test_shallow_prompt_tuning_equals_peft_and_round_trips(bare, tiny_checkpoint_path, tmp_path) -> None:
     swarm_model = bare
     from peft import PeftModel, PromptTuningConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint_path), dtype=torch.float32)
     local = get_peft_model(base, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
     local.save_pretrained(tmp_path / "init")
     prompts = PromptTuning.from_pretrained(tmp_path / "init")
-    data = batches(AutoTokenizer.from_pretrained(str(smollm2_path)), PTUNE_STEPS)
+    data = batches(AutoTokenizer.from_pretrained(str(tiny_checkpoint_path)), PTUNE_STEPS)
     trainable = [p for p in local.parameters() if p.requires_grad]
     optimizers = torch.optim.AdamW(trainable, lr=1e-2), torch.optim.AdamW(prompts.parameters(), lr=1e-2)
     for ids in data:
@@ -114,8 +148,8 @@ def test_shallow_prompt_tuning_equals_peft_and_round_trips(bare, smollm2_path, t
     print(f"\nprompt tuning: {PTUNE_STEPS} steps, relative diff {diff:.2e}")
     assert diff <= 1e-4
 
-    prompts.save_pretrained(tmp_path / "swarm", base_model=str(smollm2_path), num_layers=30)
-    base = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32)
+    prompts.save_pretrained(tmp_path / "swarm", base_model=str(tiny_checkpoint_path), num_layers=30)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint_path), dtype=torch.float32)
     loaded = PeftModel.from_pretrained(base, tmp_path / "swarm").eval()
     with torch.no_grad():
         expected = loaded(input_ids=data[0]).logits
@@ -149,23 +183,23 @@ def local_deep_loss(model, shallow: torch.Tensor, deep: torch.Tensor, ids: torch
             handle.remove()
 
 
-def test_deep_prompt_tuning_equals_plain_torch(bare, smollm2_path) -> None:
+def test_deep_prompt_tuning_equals_plain_torch(bare, tiny_checkpoint_path) -> None:
     swarm_model = bare
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     generator = torch.Generator().manual_seed(0)
     tuning = DeepPromptTuning(
         4,
-        576,
+        HIDDEN,
         30,
-        torch.randn(4, 576, generator=generator) * 0.02,
-        torch.randn(30, 4, 576, generator=generator) * 0.02,
+        torch.randn(4, HIDDEN, generator=generator) * 0.02,
+        torch.randn(30, 4, HIDDEN, generator=generator) * 0.02,
     )
     tuning.attach(swarm_model)
-    local = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).requires_grad_(False)
+    local = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint_path), dtype=torch.float32).requires_grad_(False)
     shallow = tuning.prompts.detach().clone().requires_grad_(True)
     deep = tuning.deep_prompts.detach().clone().requires_grad_(True)
-    data = batches(AutoTokenizer.from_pretrained(str(smollm2_path)), DEEP_STEPS)
+    data = batches(AutoTokenizer.from_pretrained(str(tiny_checkpoint_path)), DEEP_STEPS)
     optimizers = torch.optim.AdamW([shallow, deep], lr=1e-2), torch.optim.AdamW(tuning.parameters(), lr=1e-2)
     losses, started = [], time.perf_counter()
     for ids in data:
@@ -189,7 +223,7 @@ def test_deep_prompt_tuning_equals_plain_torch(bare, smollm2_path) -> None:
 
 @pytest.mark.parametrize(("method", "peft_type"), [("lora", "LORA"), ("deep_ptune", "SWARM_DEEP_PROMPT_TUNING")])
 def test_swarm_finetune_command_saves_an_adapter(
-    smollm2_path, bootstrap: Registry, tmp_path, capsys, method, peft_type
+    tiny_checkpoint_path, tiny_bootstrap: Registry, tmp_path, capsys, method, peft_type
 ) -> None:
     import json
 
@@ -198,8 +232,8 @@ def test_swarm_finetune_command_saves_an_adapter(
     from swarm.cli import main
 
     job = {
-        "model": str(smollm2_path),
-        "initial_peers": list(bootstrap.addresses),
+        "model": str(tiny_checkpoint_path),
+        "initial_peers": list(tiny_bootstrap.addresses),
         "dataset": str(Path(__file__).resolve().parents[2] / "data" / "finetune_tags.jsonl"),
         "method": method,
         "lora": {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]},
@@ -241,10 +275,10 @@ def greedy_exact_match(model, tokenizer, examples) -> float:
 
 
 @pytest.mark.timeout(300)  # about 60-90 s on the loaded 2-core machine
-def test_lora_through_the_swarm_teaches_the_task_greedy_answers(bare, smollm2_path, tmp_path) -> None:
+def test_lora_through_the_swarm_teaches_the_task_greedy_answers(bare_smollm2, smollm2_path, tmp_path) -> None:
     """The issue's must-show: after LoRA fine-tuning through the swarm, greedy answers with the adapter (the peft
     adapter the swarm saved, run by transformers) reach >= 90% exact match where the base model scores < 10%."""
-    swarm_model = bare
+    swarm_model = bare_smollm2
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
