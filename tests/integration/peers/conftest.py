@@ -46,13 +46,28 @@ def tiny_peer_servers(tiny_checkpoint_path: Path) -> Iterator[list[PeerServer]]:
         yield servers
 
 
+@contextmanager
+def stubs_of(servers: list[PeerServer]) -> Iterator[list[pb_grpc.PeerStub]]:
+    """A gRPC stub per server, on channels of its own."""
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    channels = [grpc.insecure_channel(server.address, options=options) for server in servers]
+    try:
+        yield [pb_grpc.PeerStub(channel) for channel in channels]
+    finally:
+        for channel in channels:
+            channel.close()
+
+
 @pytest.fixture(scope="session")
 def stubs(peer_servers: list[PeerServer]) -> Iterator[list[pb_grpc.PeerStub]]:
-    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-    channels = [grpc.insecure_channel(server.address, options=options) for server in peer_servers]
-    yield [pb_grpc.PeerStub(channel) for channel in channels]
-    for channel in channels:
-        channel.close()
+    with stubs_of(peer_servers) as made:
+        yield made
+
+
+@pytest.fixture(scope="session")
+def tiny_stubs(tiny_peer_servers: list[PeerServer]) -> Iterator[list[pb_grpc.PeerStub]]:
+    with stubs_of(tiny_peer_servers) as made:
+        yield made
 
 
 def announce(server: PeerServer, registry: Registry, model: str = "smollm2-135m") -> Announcer:

@@ -1,7 +1,8 @@
-"""Placement and rebalancing with real peers: `swarm peer join` daemons (Ray actors, DHT, gRPC, SmolLM2) move to
-the blocks the swarm lacks, and a generation open on a peer that moves still completes with the same tokens.
-The integration tier's shared `swarm up` (tests/integration/conftest.py) provides Ray and the DHT; each test names
-its own model in the registry, so the shared swarm's two peers are not among its peers."""
+"""Placement and rebalancing with real peers: `swarm peer join` daemons (Ray actors, DHT, gRPC) move to the blocks
+the swarm lacks, and a generation open on a peer that moves still completes with the same tokens. The integration
+tier's shared `swarm up` (tests/integration/conftest.py) provides Ray and the DHT; each test names its own model in
+the registry, so the shared swarm's two peers are not among its peers. The peers serve the tiny random checkpoint of
+SmolLM2's shape (tests/tiny_checkpoint.py): its 30 blocks place as SmolLM2's do, and a move reloads in no time."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from peers.memory import GIB, block_bytes
 from swarm import CodecId, DistributedModelForCausalLM
+from swarm.partition import BlockConfig
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, PeerState
@@ -56,14 +59,22 @@ class Swarm:
 
 
 @pytest.fixture(scope="module")
-def swarm(running_swarm: RunningSwarm) -> Iterator[Swarm]:
-    swarm = Swarm(running_swarm.model_path, running_swarm.initial_peers, running_swarm.ray_address)
+def swarm(running_swarm: RunningSwarm, tiny_checkpoint_path: Path) -> Iterator[Swarm]:
+    swarm = Swarm(tiny_checkpoint_path, running_swarm.initial_peers, running_swarm.ray_address)
     try:
         yield swarm
     finally:
         for daemon in swarm.daemons:
             daemon.kill()
         swarm.registry.shutdown()
+
+
+def memory_gib_for_blocks(checkpoint: Path, blocks: float) -> float:
+    """--memory-gib that holds `blocks` blocks of `checkpoint` with SMALL's cache, as a CPU peer plans them."""
+    from transformers import AutoConfig
+
+    config = BlockConfig.from_hf(AutoConfig.from_pretrained(str(checkpoint)))
+    return blocks * block_bytes(config, "float32", int(SMALL[1])) / GIB
 
 
 def moves_of(daemon: Daemon) -> list[str]:
@@ -74,7 +85,7 @@ def moves_of(daemon: Daemon) -> list[str]:
 def test_four_peers_started_on_the_same_span_spread_until_they_cover_the_model(swarm: Swarm) -> None:
     """8 blocks each: 4 peers are needed for 30 blocks, so all but one must move, each to where blocks are missing,
     and then nobody moves any more."""
-    name = "smollm2-spread"
+    name = "tiny-spread"
     daemons = [swarm.join(name, "--blocks", "0:8", "--rebalance") for _ in range(4)]
     for daemon in daemons:
         daemon.wait_for(r"serving blocks \[0, 8\)", 300)
@@ -115,13 +126,13 @@ class KillAt:
 
 @pytest.mark.timeout(420)
 def test_killing_the_only_peer_of_a_span_moves_another_there_and_its_session_completes(swarm: Swarm) -> None:
-    """A serves [0, 15); B takes what its memory holds (0.3 GiB: 15 blocks) where blocks are missing, [15, 30);
+    """A serves [0, 15); B takes what its memory holds (15 blocks and a half) where blocks are missing, [15, 30);
     M joins on [0, 15) too and may move (a margin of 10: only to fill a gap). A generation runs through M and B;
     B is SIGKILLed mid-way; M moves to [15, 30); the session replays [0, 15) on A and [15, 30) on M's new actor."""
-    name = "smollm2-kill"
+    name = "tiny-kill"
     pinned = swarm.join(name, "--blocks", "0:15")
     pinned_id = pinned.wait_for(r"peer (\w+) serving blocks \[0, 15\)", 300).group(1)
-    victim = swarm.join(name, "--memory-gib", "0.3")
+    victim = swarm.join(name, "--memory-gib", f"{memory_gib_for_blocks(swarm.model_path, 15.5):.6f}")
     victim.wait_for(r"serving blocks \[15, 30\)", 300)
     mover = swarm.join(name, "--blocks", "0:15", "--rebalance", "--rebalance-margin", "10")
     mover_id = mover.wait_for(r"peer (\w+) serving blocks \[0, 15\)", 300).group(1)

@@ -1,8 +1,9 @@
-"""Prefix caching through two live SmolLM2 peers (issue 39), codec NONE: a session whose prompt starts as an earlier
-one of the same client did takes those tokens from the peers' caches and gives the same logits (within 1e-4) and
-the same greedy tokens as a client that caches nothing; a chat's next turn reuses the whole previous turn; another
-client (another salt) reuses nothing and cannot change what the first one gets; a failover on a hop that took a
-cached prefix replays the whole route and stays exact."""
+"""Prefix caching through two live peers (issue 39), codec NONE: a session whose prompt starts as an earlier one of
+the same client did takes those tokens from the peers' caches and gives the same logits (within 1e-4) and the same
+greedy tokens as a client that caches nothing; a chat's next turn reuses the whole previous turn; another client
+(another salt) reuses nothing and cannot change what the first one gets; a failover on a hop that took a cached
+prefix replays the whole route and stays exact. The peers serve the tiny random checkpoint of SmolLM2's shape and
+tokenizer (tests/tiny_checkpoint.py): a wrong cached page changes its logits as surely as SmolLM2's."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from swarm.client.prefix_reuse import PromptPrefix
 from swarm.prefix_keys import KEY_TOKENS, prefix_keys
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
+from tests.tiny_checkpoint import SHAPE
 
 OPEN = SwarmCredentials.open()
 SYSTEM = (
@@ -27,7 +29,7 @@ SYSTEM = (
 )
 QUESTION = " Where do I find books about old stone bridges?"
 TOLERANCE = 1e-4
-HIDDEN = 576  # SmolLM2-135M
+HIDDEN = SHAPE["hidden"]
 
 
 def client(path: Path, registry: Registry, **overrides: object) -> DistributedModelForCausalLM:
@@ -37,20 +39,20 @@ def client(path: Path, registry: Registry, **overrides: object) -> DistributedMo
 
 
 @pytest.fixture(scope="module")
-def models(smollm2_path: Path, bootstrap: Registry) -> Iterator[tuple[DistributedModelForCausalLM, ...]]:
+def models(tiny_checkpoint_path: Path, tiny_bootstrap: Registry) -> Iterator[tuple[DistributedModelForCausalLM, ...]]:
     """A caching client, another caching client (its own salt), and a client that caches nothing."""
-    made = [client(smollm2_path, bootstrap), client(smollm2_path, bootstrap), client(smollm2_path, bootstrap,
-            prefix_cache=False)]  # fmt: skip
+    path, registry = tiny_checkpoint_path, tiny_bootstrap
+    made = [client(path, registry), client(path, registry), client(path, registry, prefix_cache=False)]
     yield tuple(made)
     for model in made:
         model.close()
 
 
 @pytest.fixture(scope="module")
-def tokenizer(smollm2_path: Path):
+def tokenizer(tiny_checkpoint_path: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(smollm2_path))
+    return AutoTokenizer.from_pretrained(str(tiny_checkpoint_path))
 
 
 def first_logits(model: DistributedModelForCausalLM, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -126,7 +128,7 @@ def test_another_client_reuses_nothing_and_its_own_pages_change_nothing_for_the_
 
 
 def test_a_failover_on_a_hop_that_took_a_cached_prefix_replays_the_route_and_stays_exact(
-    models, tokenizer, peer_servers: list[PeerServer]
+    models, tokenizer, tiny_peer_servers: list[PeerServer]
 ) -> None:
     caching, _, plain = models
     ids = tokenizer(SYSTEM + " The atlases are on the shelf", return_tensors="pt").input_ids
@@ -136,8 +138,8 @@ def test_a_failover_on_a_hop_that_took_a_cached_prefix_replays_the_route_and_sta
     def lose_the_second_hops_session(session: ModelSession) -> None:
         assert session.cached_tokens > 0
         hop = session.session._hops[1]
-        assert hop.missing and hop.hop.address == peer_servers[1].address  # it never got the prefix's inputs
-        peer_servers[1].engine.close(hop.session.session_id)  # as on a restarted peer: its next step fails there
+        assert hop.missing and hop.hop.address == tiny_peer_servers[1].address  # it never got the prefix's inputs
+        tiny_peer_servers[1].engine.close(hop.session.session_id)  # as on a restarted peer: its next step fails there
 
     assert torch.equal(decoded(caching, ids, lose_the_second_hops_session), expected)
 
