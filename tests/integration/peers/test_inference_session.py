@@ -264,7 +264,7 @@ def test_a_replacement_that_fails_during_replay_is_skipped_and_long_histories_re
                 replicas[0].stop()
                 now[0] = 100.0  # the ghost's ban has expired: it is the router's first choice again
             got.append(s.step(tokens[:, s.position : s.position + length]))
-        assert s.route[0].peer_id == "peer-0" and s.failovers == 2
+        assert s.route[0].peer_id == "tiny-0" and s.failovers == 2
     # Replays in pieces round differently from the original steps (fp32, activations in the thousands).
     assert worst_relative(got, expected) <= 1e-5
 
@@ -282,9 +282,9 @@ def test_a_stale_route_to_a_peer_that_moved_fails_over_and_outputs_do_not_change
     with InferenceSession(
         router, lambda fresh=False: [current[0], stale, slow], EVERYTHING, 1, 16, CodecId.NONE, credentials=OPEN
     ) as session:
-        assert [h.peer_id for h in session.route] == ["peer-0", "moved"]
+        assert [h.peer_id for h in session.route] == ["tiny-0", "moved"]
         got = [session.step(tokens[:, session.position : session.position + n]) for n in steps]
-        assert [h.peer_id for h in session.route] == ["peer-0", "peer-15"] and session.failovers == 1
+        assert [h.peer_id for h in session.route] == ["tiny-0", "tiny-15"] and session.failovers == 1
     assert worst_relative(got, expected) <= 1e-5
     # A forward call on the stale route is retried on the peer that does serve [15, 30).
     stale_forward = dataclasses.replace(stale, forward_tokens_per_s=1e6)
