@@ -24,7 +24,7 @@ from swarm.security import SwarmCredentials
 from swarm.types import PeerState
 from tests.tiny_checkpoint import TINY_MODEL_NAME
 
-from ..integration.daemons import Daemon
+from ..integration.daemons import Daemon, join_peer
 from ..machine_pace import slowdown
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
@@ -57,23 +57,8 @@ class Cluster:
     peers: dict[str, Peer] = field(default_factory=dict)
 
     def start(self, slot: str) -> None:
-        daemon = Daemon(
-            "peer",
-            "join",
-            "--open",
-            "--model",
-            str(self.model_path),
-            "--initial-peers",
-            self.initial_peers,
-            "--ray-address",
-            self.ray_address,
-            "--blocks",
-            SLOTS[slot],
-            "--ttl",
-            str(TTL),
-            "--drain-grace",
-            "2",
-        )
+        flags = ("--blocks", SLOTS[slot], "--ttl", str(TTL), "--drain-grace", "2")
+        daemon = join_peer(self.model_path, self.initial_peers, self.ray_address, *flags)
         self.peers[slot] = Peer(daemon, "", 0)
 
     def wait_serving(self, slot: str) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from benchmarks.swarm_process import ENV, REPO_ROOT, launch
@@ -60,3 +61,9 @@ class Daemon:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(30)
+
+
+def join_peer(model: Path, initial_peers: str, ray_address: str, *flags: str) -> Daemon:
+    """`swarm peer join --open` of `model` into a running swarm's DHT and Ray cluster, with `flags`."""
+    where = ("--initial-peers", initial_peers, "--ray-address", ray_address)
+    return Daemon("peer", "join", "--open", "--model", str(model), *where, *flags)

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from .daemons import REPO_ROOT, Daemon
+from .daemons import REPO_ROOT, Daemon, join_peer
 
 TTL = 6.0
 
@@ -22,20 +22,7 @@ class RunningSwarm:
 
     def join(self, *flags: str) -> Daemon:
         """One more peer daemon on the same Ray cluster."""
-        return Daemon(
-            "peer",
-            "join",
-            "--open",
-            "--model",
-            str(self.model_path),
-            "--initial-peers",
-            self.initial_peers,
-            "--ray-address",
-            self.ray_address,
-            "--ttl",
-            str(TTL),
-            *flags,
-        )
+        return join_peer(self.model_path, self.initial_peers, self.ray_address, "--ttl", str(TTL), *flags)
 
 
 def quick_start_commands() -> list[list[str]]:

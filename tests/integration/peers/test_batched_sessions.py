@@ -1,8 +1,8 @@
 """Many sessions of one process over the batched Sessions stream (issue 37): 64 concurrent greedy generations of
 different prompt lengths through the two halves of the tiny random checkpoint of SmolLM2's shape (codec NONE,
 tests/tiny_checkpoint.py), sharing one PeerStubs and so one stream per peer, each equal to Hugging Face `generate`
-on the same checkpoint for its prompt alone; and a session whose hop fails mid-generation fails over alone while the
-others finish with the same tokens."""
+on the same checkpoint for its prompt alone; a session whose hop fails mid-generation fails over alone while the
+others finish with the same tokens; and a peer process SIGKILLed under 32 sessions loses none of them."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import peer_process
 from peers.limits import LimitsConfig
 from peers.server import PeerServer, ServerConfig
 from swarm.channels import PeerStubs
@@ -22,7 +23,7 @@ from swarm.codec import CodecId
 from swarm.partition import load_span
 from swarm.router import MinLatencyRouter
 from swarm.security import SwarmCredentials
-from swarm.types import PeerInfo, Span
+from swarm.types import PeerInfo, PeerState, Span
 from tests.tiny_checkpoint import TINY_MODEL_NAME
 
 from .wire import peer_info
@@ -171,3 +172,48 @@ def test_a_failing_hop_fails_over_its_session_alone(tiny_peer_servers, replica, 
     for number, ((tokens, failovers), (_, expected)) in enumerate(zip(got, chosen, strict=True)):
         assert torch.equal(tokens, expected), (PROMPTS[number], tokens.tolist(), expected.tolist())
         assert failovers == (1 if number == FAILING else 0), (number, failovers)
+
+
+@pytest.mark.timeout(300)
+def test_a_peer_sigkilled_under_32_sessions_loses_none_of_them(
+    tiny_checkpoint_path: Path, tiny_peer_servers, hf, prompts_and_expected
+) -> None:
+    """Every session's second hop is a peer in a process of its own; it is SIGKILLed once session 0 has 3 tokens.
+    Each session still running then fails over to the fixture's [15, 30) peer on its own and replays there; all 32
+    finish with Hugging Face's tokens."""
+    model, _ = hf
+    process, address, _ = peer_process.start(tiny_checkpoint_path, "--blocks", "15:30")
+    first, standby = (peer_info(server) for server in tiny_peer_servers)
+    victim = PeerInfo("victim-15", address, Span(15, 30), PeerState.ONLINE, model=TINY_MODEL_NAME, total_blocks=30)
+    killed, lock = threading.Event(), threading.Lock()
+    tokens_seen, tokens_at_kill = [0] * FAILOVER_SESSIONS, [0] * FAILOVER_SESSIONS
+
+    def peers_of(number: int) -> Callable[[bool], list[PeerInfo]]:
+        return lambda fresh=False: [first, standby] if killed.is_set() else [first, victim]
+
+    def on_token(number: int, index: int) -> None:
+        with lock:
+            tokens_seen[number] = index + 1
+            if number == 0 and index == 2 and not killed.is_set():
+                process.kill()
+                tokens_at_kill[:] = tokens_seen
+                killed.set()
+
+    chosen = prompts_and_expected[:FAILOVER_SESSIONS]
+    stubs = PeerStubs(OPEN)
+    try:
+        got = run_all(model, [ids for ids, _ in chosen], peers_of, stubs, on_token)
+    finally:
+        stubs.close()
+        process.kill()
+        process.wait(10)
+    assert killed.is_set()
+    # a session with c tokens at the kill had sent at most the step for token c + 1: with c <= NEW_TOKENS - 2 it
+    # stepped again after the kill, so it must have failed over; one nearer its end may have finished before it
+    running = [number for number, count in enumerate(tokens_at_kill) if count <= NEW_TOKENS - 2]
+    print(f"{len(running)} of {FAILOVER_SESSIONS} sessions still had steps to take at the kill")
+    assert len(running) >= FAILOVER_SESSIONS // 2
+    for number, ((tokens, failovers), (_, expected)) in enumerate(zip(got, chosen, strict=True)):
+        assert torch.equal(tokens, expected), (PROMPTS[number], tokens.tolist(), expected.tolist())
+        allowed = (1,) if number in running else (0, 1)
+        assert failovers in allowed, (number, failovers, tokens_at_kill[number])

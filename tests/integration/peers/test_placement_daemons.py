@@ -22,7 +22,7 @@ from swarm.registry import Registry
 from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, PeerState
 
-from ..daemons import Daemon, poll_until
+from ..daemons import Daemon, join_peer, poll_until
 from ..shared_swarm import TTL, RunningSwarm
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
@@ -38,9 +38,7 @@ class Swarm:
         self.daemons: list[Daemon] = []
 
     def join(self, name: str, *flags: str) -> Daemon:
-        model = ("--model", str(self.model_path), "--model-name", name)
-        where = ("--initial-peers", self.initial_peers, "--ray-address", self.ray_address)
-        daemon = Daemon("peer", "join", "--open", *model, *where, *SMALL, *flags)
+        daemon = join_peer(self.model_path, self.initial_peers, self.ray_address, "--model-name", name, *SMALL, *flags)
         self.daemons.append(daemon)
         return daemon
 

@@ -27,7 +27,7 @@ from swarm.registry import Registry
 from swarm.security import SwarmCredentials
 from swarm.types import PeerState
 
-from ..daemons import ENV, REPO_ROOT, Daemon, poll_until
+from ..daemons import ENV, REPO_ROOT, Daemon, join_peer, poll_until
 from ..shared_swarm import TTL, RunningSwarm
 
 OPEN = SwarmCredentials.open()  # these tests run an open swarm, as asked for explicitly
@@ -59,20 +59,7 @@ def swarm(running_swarm: RunningSwarm) -> Iterator[Swarm]:
 
 
 def join(swarm: Swarm, smollm2_path: Path, *flags: str) -> Daemon:
-    return Daemon(
-        "peer",
-        "join",
-        "--open",
-        "--model",
-        str(smollm2_path),
-        "--initial-peers",
-        swarm.initial_peers,
-        "--ray-address",
-        swarm.ray_address,
-        "--ttl",
-        str(TTL),
-        *flags,
-    )
+    return join_peer(smollm2_path, swarm.initial_peers, swarm.ray_address, "--ttl", str(TTL), *flags)
 
 
 def test_status_shows_peers_spans_states_and_coverage(swarm: Swarm) -> None:
