@@ -184,7 +184,8 @@ def test_a_peer_sigkilled_under_32_sessions_loses_none_of_them(
     model, _ = hf
     process, address, _ = peer_process.start(tiny_checkpoint_path, "--blocks", "15:30")
     first, standby = (peer_info(server) for server in tiny_peer_servers)
-    victim = PeerInfo("victim-15", address, Span(15, 30), PeerState.ONLINE, model=TINY_MODEL_NAME, total_blocks=30)
+    victim = PeerInfo("victim-15", address, Span(15, 30), PeerState.ONLINE, inference_steps_per_s=10.0,
+                      cache_tokens_free=100_000, model=TINY_MODEL_NAME, total_blocks=30)  # fmt: skip
     killed, lock = threading.Event(), threading.Lock()
     tokens_seen, tokens_at_kill = [0] * FAILOVER_SESSIONS, [0] * FAILOVER_SESSIONS
 
