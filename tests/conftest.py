@@ -1,8 +1,8 @@
-"""Fixtures shared by every test: the converted SmolLM2 checkpoint (built once, cached under .cache/) and a tiny random
-one of its shape (written once per run, tests/tiny_checkpoint.py); a guard
-that the test process exits once the session is over; and a mend for pytest's log capture (below). RaySwarm is
-imported first, as a user's program would: a test module that imports grpc before it would leave gRPC's fork
-handlers on in the test process, and a DHT node forked from it could abort (swarm/_grpc_fork.py)."""
+"""Fixtures shared by every test: the converted SmolLM2 checkpoint (built once, cached under .cache/) and a tiny
+random one of its shape (written once per run, tests/tiny_checkpoint.py); a guard that the test process exits once
+the session is over; and a mend for pytest's log capture (below). RaySwarm is imported first, as a user's program
+would: a test module that imports grpc before it would leave gRPC's fork handlers on in the test process, and a DHT
+node forked from it could abort (swarm/_grpc_fork.py)."""
 
 from __future__ import annotations
 
