@@ -53,13 +53,16 @@ class IdleBoot:
             return self
         self.started_at = time.monotonic()
         deadline = self.started_at + self.deadline_s
-        # started before this thread turns idle, so that it keeps the normal policy
-        self._deadline = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(DEADLINE_SCRIPT), str(os.getpid()), str(deadline)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        try:  # started before this thread turns idle, so that it keeps the normal policy
+            self._deadline = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(DEADLINE_SCRIPT), str(os.getpid()), str(deadline)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        except OSError as error:  # no deadline, no idle boot: a boot that might never end is worse than a slow one
+            logger.info("cannot start the idle boot's deadline: %s", error)
+            return self
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         except OSError as error:  # a sandbox that refuses it: boot at normal priority
