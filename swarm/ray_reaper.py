@@ -7,7 +7,11 @@ measured: gone 62 s after the driver). So the driver starts this reaper before R
 terminal's Ctrl-C is not for it), and puts a tag in the environment Ray's processes inherit. While the driver lives,
 the reaper keeps a list of them: the driver's descendants that carry the tag, and everything below those (the agents
 and workers overwrite their environment with a process title, so theirs cannot be read). Once the driver is gone,
-the reaper kills them.
+the reaper kills them, and any process that holds a file of the Ray session the driver started: an agent the raylet
+started after the reaper's last look is on no list, and by then the raylet is dead and the agent an orphan (seen on a
+loaded machine: the dashboard and runtime-env agents outlived a SIGKILLed `swarm up`). Ray names a session's
+directory after the process that started it (`session_<date>_<time>_<pid>`), and its agents keep their logs open
+there.
 
 Run as a file, `python ray_reaper.py PARENT_PID TAG`: standard library only, so it starts in milliseconds.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,10 +92,30 @@ def tagged_below(root: int, tag: str, table: dict[int, tuple[int, int, bytes]]) 
     return found
 
 
+def holds_session_of(pid: int, driver: int) -> bool:
+    """Whether the process is one of Ray's (titled `ray::...`) and holds a file of a Ray session that process
+    `driver` started (the session directory's name ends in the driver's pid); a user's `tail -f` of its log is not."""
+    session = re.compile(rf"/session_[^/]*_{driver}/")
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as comm:
+            if not comm.read().startswith(b"ray::"):
+                return False
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone meanwhile, or not ours to read
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if session.search(os.readlink(f"/proc/{pid}/fd/{fd}")):
+                return True
+    return False
+
+
 def reap(parent: int, tag: str) -> None:
     """Until `parent` is gone (this process is handed to another parent), keep the list of what to kill; then kill
-    what is on it and still the same process (same start time), and any orphan that carries `tag`."""
+    what is on it and still the same process (same start time), and any process started since `parent` that carries
+    `tag` or holds a file of its Ray session."""
     known: dict[int, int] = {}
+    parent_started = process_table().get(parent, (0, 0, b""))[1]
     for check in itertools.count():
         if os.getppid() != parent:
             break
@@ -100,7 +125,9 @@ def reap(parent: int, tag: str) -> None:
     for _ in range(KILL_ROUNDS):
         table = process_table()
         live = [pid for pid, (_, _, state) in table.items() if state != b"Z" and pid != os.getpid()]
-        doomed = [pid for pid in live if known.get(pid) == table[pid][1] or (pid not in known and carries(pid, tag))]
+        unlisted = [pid for pid in live if pid not in known and table[pid][1] >= parent_started]
+        doomed = [pid for pid in live if known.get(pid) == table[pid][1]]
+        doomed += [pid for pid in unlisted if carries(pid, tag) or holds_session_of(pid, parent)]
         if not doomed:
             return
         for pid in doomed:

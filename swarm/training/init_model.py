@@ -25,7 +25,7 @@ def write_random_llama(
 ) -> Path:
     """Save a fresh LlamaForCausalLM (float32 safetensors) to `out` and return it; `kv_heads` below `heads` makes
     it grouped-query (None: as many as `heads`). `init_std` is the weights' standard deviation (transformers'
-    `initializer_range`): a tiny model of the default 0.02 repeats one token, one of 0.2 writes varied text."""
+    `initializer_range`): a tiny model of the default 0.02 repeats one token, one of 0.1 writes varied text."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
