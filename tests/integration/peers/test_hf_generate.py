@@ -108,16 +108,25 @@ def test_each_logits_processor_gives_the_local_tokens(model, local, prompt, fami
     assert torch.equal(swarm, here), family
 
 
+def text_written_midway(local, prompt: torch.Tensor, tokenizer) -> str:
+    """The text of a token the model writes greedily from the 5th on (the first that is not blank): a stop string
+    that ends its greedy generation early, whatever the weights."""
+    with torch.inference_mode():
+        written = local.generate(prompt, max_new_tokens=20, do_sample=False)[0, prompt.shape[1] :].tolist()
+    return next(text for token in written[4:] if (text := tokenizer.decode([token])).strip())
+
+
 def test_a_callers_processors_and_stopping_criteria_and_a_generation_config(model, local, prompt, tokenizer) -> None:
     processors = LogitsProcessorList([BanOddTokens()])
     swarm, here = both(model, local, prompt, max_new_tokens=10, logits_processor=processors)
     assert torch.equal(swarm, here)
 
-    stop = StoppingCriteriaList([StopStringCriteria(tokenizer, ["the"])])
+    word = text_written_midway(local, prompt, tokenizer)
+    stop = StoppingCriteriaList([StopStringCriteria(tokenizer, [word])])
     swarm, here = both(model, local, prompt, max_new_tokens=30, stopping_criteria=stop)
     assert torch.equal(swarm, here) and swarm.shape[1] < prompt.shape[1] + 30
-    swarm, here = both(model, local, prompt, max_new_tokens=30, stop_strings=["the"], tokenizer=tokenizer)
-    assert torch.equal(swarm, here)
+    swarm, here = both(model, local, prompt, max_new_tokens=30, stop_strings=[word], tokenizer=tokenizer)
+    assert torch.equal(swarm, here) and swarm.shape[1] < prompt.shape[1] + 30
 
     config = GenerationConfig(max_new_tokens=9, no_repeat_ngram_size=3, eos_token_id=2, pad_token_id=2)
     swarm, here = both(model, local, prompt, generation_config=config)
