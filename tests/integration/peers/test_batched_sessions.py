@@ -116,6 +116,18 @@ def run_all(
         return list(pool.map(one, range(len(prompts))))
 
 
+def run_on_own_stubs(
+    model, chosen: list[tuple[torch.Tensor, torch.Tensor]],
+    peers_of: Callable[[int], Callable[[bool], list[PeerInfo]]], on_token: Callable[[int, int], None],
+) -> list[tuple[torch.Tensor, int]]:  # fmt: skip
+    """run_all over the prompts of `chosen` on a PeerStubs of their own, closed however it ends."""
+    stubs = PeerStubs(OPEN)
+    try:
+        return run_all(model, [ids for ids, _ in chosen], peers_of, stubs, on_token)
+    finally:
+        stubs.close()
+
+
 def sequences_per_iteration(server: PeerServer) -> tuple[float, float]:
     read = server.metrics.registry.get_sample_value
     return read("swarm_engine_batch_sequences_sum") or 0.0, read("swarm_engine_batch_sequences_count") or 0.0
@@ -163,11 +175,7 @@ def test_a_failing_hop_fails_over_its_session_alone(tiny_peer_servers, replica, 
             stopped.set()
 
     chosen = prompts_and_expected[:FAILOVER_SESSIONS]
-    stubs = PeerStubs(OPEN)
-    try:
-        got = run_all(model, [ids for ids, _ in chosen], peers_of, stubs, on_token)
-    finally:
-        stubs.close()
+    got = run_on_own_stubs(model, chosen, peers_of, on_token)
     assert stopped.is_set()
     for number, ((tokens, failovers), (_, expected)) in enumerate(zip(got, chosen, strict=True)):
         assert torch.equal(tokens, expected), (PROMPTS[number], tokens.tolist(), expected.tolist())
@@ -201,11 +209,9 @@ def test_a_peer_sigkilled_under_32_sessions_loses_none_of_them(
                 killed.set()
 
     chosen = prompts_and_expected[:FAILOVER_SESSIONS]
-    stubs = PeerStubs(OPEN)
     try:
-        got = run_all(model, [ids for ids, _ in chosen], peers_of, stubs, on_token)
+        got = run_on_own_stubs(model, chosen, peers_of, on_token)
     finally:
-        stubs.close()
         process.kill()
         process.wait(10)
     assert killed.is_set()
