@@ -44,6 +44,7 @@ from benchmarks import hf_baseline, peer_process
 from swarm.channels import PeerStubs
 from swarm.client import InferenceSession
 from swarm.client.head_batching import SharedHead
+from swarm.client.lockstep import generate_together
 from swarm.codec import DEFAULT_CODEC
 from swarm.partition import load_client_head
 from swarm.router import MinLatencyRouter
@@ -67,18 +68,23 @@ class _Level:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def _session(peers: list[PeerInfo], stubs: PeerStubs, length: int) -> InferenceSession:
+    """A session over every block of `peers`, batch 1, up to `length` tokens, on the process's `stubs`."""
+    blocks = Span(min(p.span.start for p in peers), max(p.span.end for p in peers))
+    return InferenceSession(
+        MinLatencyRouter(), lambda fresh=False: peers, blocks, 1, length, DEFAULT_CODEC,
+        step_timeout_s=120, credentials=SwarmCredentials.open(), stubs=stubs,
+    )  # fmt: skip
+
+
 def _generate(
     head: SharedHead, peers: list[PeerInfo], stubs: PeerStubs, prompt: torch.Tensor, new_tokens: int, level: _Level
 ) -> None:
     length = prompt.shape[1] + new_tokens
-    blocks = Span(min(p.span.start for p in peers), max(p.span.end for p in peers))
     device = head.head.norm.weight.device
     started, times = time.perf_counter(), []
     try:
-        with InferenceSession(
-            MinLatencyRouter(), lambda fresh=False: peers, blocks, 1, length, DEFAULT_CODEC,
-            step_timeout_s=120, credentials=SwarmCredentials.open(), stubs=stubs,
-        ) as session, torch.inference_mode():  # fmt: skip
+        with _session(peers, stubs, length) as session, torch.inference_mode():
             feed = prompt.to(device)
             for _ in range(new_tokens):
                 hidden = session.step(head.embed(feed))
@@ -90,6 +96,31 @@ def _generate(
     with level.lock:
         level.token_s.extend(b - a for a, b in itertools.pairwise(times))
         level.first_token_s.extend(times[:1] and [times[0] - started])
+
+
+def _generate_together(
+    head: SharedHead, peers: list[PeerInfo], stubs: PeerStubs, prompt: torch.Tensor, sessions: int, new_tokens: int,
+    level: _Level,
+) -> None:  # fmt: skip
+    """`sessions` generations from one loop (swarm/client/lockstep.py): one head and one embedding call per turn."""
+    length = prompt.shape[1] + new_tokens
+    started = time.perf_counter()
+    times: list[list[float]] = [[] for _ in range(sessions)]
+
+    def on_tokens(indices: list[int], _tokens: torch.Tensor) -> None:
+        now = time.perf_counter()
+        for index in indices:
+            times[index].append(now)
+
+    with contextlib.ExitStack() as stack, torch.inference_mode():
+        opened = [stack.enter_context(_session(peers, stubs, length)) for _ in range(sessions)]
+        try:
+            generate_together(opened, head.head, [prompt] * sessions, new_tokens, on_tokens=on_tokens)
+        except Exception as error:  # counted and reported: a benchmark goes on
+            level.failures.append(f"{type(error).__name__}: {error}")
+    for session_times in times:
+        level.token_s.extend(b - a for a, b in itertools.pairwise(session_times))
+        level.first_token_s.extend(session_times[:1] and [session_times[0] - started])
 
 
 class PeerCounters(NamedTuple):
@@ -156,6 +187,7 @@ class ClientSpec:
     model: Path
     dtype: str = "float32"
     device: str = "cpu"
+    driver: str = "threads"  # "threads": a thread per session; "loop": one loop for all (lockstep.py)
 
 
 def _client_process(spec: ClientSpec, peers, prompt, sessions: int, new_tokens: int, barrier, results) -> None:
@@ -164,10 +196,14 @@ def _client_process(spec: ClientSpec, peers, prompt, sessions: int, new_tokens: 
     head = SharedHead(load_client_head(spec.model, dtype=getattr(torch, spec.dtype), device=spec.device))
     level = _Level()
     stubs = PeerStubs(SwarmCredentials.open())  # one per process, as a DistributedModel's sessions share its own
-    threads = [
-        threading.Thread(target=_generate, args=(head, peers, stubs, prompt, new_tokens, level), daemon=True)
-        for _ in range(sessions)
-    ]
+    if spec.driver == "loop":
+        args = (head, peers, stubs, prompt, sessions, new_tokens, level)
+        threads = [threading.Thread(target=_generate_together, args=args, daemon=True)]
+    else:
+        threads = [
+            threading.Thread(target=_generate, args=(head, peers, stubs, prompt, new_tokens, level), daemon=True)
+            for _ in range(sessions)
+        ]
     barrier.wait()
     cpu_started = time.process_time()
     for thread in threads:
@@ -287,11 +323,12 @@ def summary(levels: dict[int, dict], baseline: dict[int, float]) -> dict:
 def measure(ns: argparse.Namespace, model: Path, prompt: torch.Tensor) -> dict:
     """The baseline, then the swarm's levels, on the checkpoint at `model`; the result's JSON object."""
     baseline = hf_baseline.measure(model, prompt, ns.sessions, ns.new_tokens)
-    spec = ClientSpec(model)
+    spec = ClientSpec(model, driver=ns.driver)
     with two_peers(model, max(ns.sessions)) as (peers, urls):
         run_level(spec, peers, urls, prompt, 1, 4)  # warm-up: channels, first steps
         levels = {n: run_level(spec, peers, urls, prompt, n, ns.new_tokens, ns.clients) for n in ns.sessions}
     result: dict = {"benchmark": "serve", "model": "tiny" if ns.tiny else model.name, "new_tokens": ns.new_tokens}
+    result["driver"] = ns.driver
     result |= {"codec": DEFAULT_CODEC.name, **summary(levels, baseline), "levels": list(levels.values())}
     return result
 
@@ -303,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, nargs="+", help="levels (1 8 32 128; with --tiny 1 32 128 512)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--clients", type=int, default=1, help="client processes the sessions are spread over")
+    parser.add_argument(
+        "--driver", choices=("threads", "loop"), default="loop",
+        help="how a client process drives its sessions: a thread each, or one loop (swarm/client/lockstep.py)",
+    )  # fmt: skip
     ns = parser.parse_args(argv)
     ns.sessions = ns.sessions or ([1, 32, 128, 512] if ns.tiny else [1, 8, 32, 128])
     vocab = vocab_size(ns.model)

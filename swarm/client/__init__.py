@@ -17,7 +17,10 @@ model_session.py: ModelSession (a conversation whose caches the peers keep); pre
 from what the route's peers hold of its prompt in their prefix caches; remote_cache.py: SwarmCache (a
 transformers Cache on the peers); lora.py: LoraAdapter (trainable on the client, peft's format); adapter_upload.py:
 which peer holds which adapter version; prompts.py: PromptTuning; deep_prompts.py: DeepPromptTuning;
-head_batching.py: SharedHead (one batched LM head for every concurrent session of a process).
+head_batching.py: SharedHead (one batched LM head for every concurrent session of a process); client_engine.py:
+ClientEngine (the plain steps of every session of a process through one loop); step_flight.py: one step on that
+loop's path; hop_state.py: what a session keeps per hop; lockstep.py: many sessions' generations from one loop, one
+LM head per turn.
 """
 
 from __future__ import annotations

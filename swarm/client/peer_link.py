@@ -11,7 +11,9 @@ alone, and a failure of the stream to every session of the link, after which the
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import queue
 import threading
 import time
@@ -40,6 +42,26 @@ MAX_MESSAGE_BYTES = 4 << 20  # what the client sends in one message; bigger tens
 _END = object()  # queued to end the stream: the request iterator returns
 
 
+_gathering = threading.local()  # .steps: {link: [OutgoingStep]} held back inside `gathered` in this thread
+
+
+@contextlib.contextmanager
+def gathered() -> Iterator[None]:
+    """The steps this thread submits inside the block reach each link's outbox at once, at its end: the stream's
+    thread, which takes whatever is queued when it wakes, sends them as one StepBatch rather than the first of
+    them alone (the client engine sends a wave of sessions' steps this way)."""
+    if getattr(_gathering, "steps", None) is not None:  # nested: the outer block sends them
+        yield
+        return
+    _gathering.steps = held = {}
+    try:
+        yield
+    finally:
+        _gathering.steps = None
+        for link, steps in held.items():
+            link._outbox.put(steps)
+
+
 class SessionsUnsupported(PeerUnavailable):
     """The peer does not serve the Sessions stream (UNIMPLEMENTED: an older peer); its sessions use Inference."""
 
@@ -48,11 +70,17 @@ class _Route:
     """Where one session's answers go, and the most rows and widest hidden size it has sent (they bound the
     chunks an answer to it may take)."""
 
-    __slots__ = ("answers", "rows", "width")
+    __slots__ = ("answers", "rows", "waker", "width")
 
     def __init__(self) -> None:
         self.answers: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.rows = self.width = 0
+        self.waker: Callable[[], None] | None = None  # told of each item put (the client engine's)
+
+    def put(self, item: object) -> None:
+        self.answers.put(item)
+        if self.waker is not None:
+            self.waker()
 
 
 class PeerLink:
@@ -97,13 +125,17 @@ class PeerLink:
                 self._routes[opening.session_id] = route
                 self._outbox.put(pb.SessionsRequest(open=opening))
         if failed is not None:
-            route.answers.put(copy.copy(failed))
+            route.put(copy.copy(failed))
         return LinkSession(self, opening.session_id, route, codec, compress_min_bytes)
 
     def submit(self, step: OutgoingStep, route: _Route) -> None:
         route.rows = max(route.rows, step.hidden.shape[0] * step.hidden.shape[1])
         route.width = max(route.width, step.hidden.shape[-1])
-        self._outbox.put(step)
+        held = getattr(_gathering, "steps", None)
+        if held is None:
+            self._outbox.put(step)
+        else:
+            held.setdefault(self, []).append(step)
 
     def fence(self, session_id: str, push_token: bytes) -> None:
         self._outbox.put(pb.SessionsRequest(fence=pb.SessionFence(session_id=session_id, push_token=push_token)))
@@ -159,6 +191,9 @@ class PeerLink:
         for item in items:
             if isinstance(item, OutgoingStep):
                 steps.append(item)
+                continue
+            if isinstance(item, list):  # steps gathered together (`gathered`)
+                steps.extend(item)
                 continue
             yield from self._step_messages(steps)
             steps = []
@@ -228,7 +263,7 @@ class PeerLink:
     def _put(self, session_id: str, item: object) -> None:
         route = self._routes.get(session_id)
         if route is not None:
-            route.answers.put(item)
+            route.put(item)
 
     def _session_failed(self, error: pb.SessionError) -> None:
         """The peer ended one session (and forgot it): that session alone gets the error."""
@@ -236,7 +271,7 @@ class PeerLink:
             route = self._routes.pop(error.session_id, None)
             ending = self._retired and not self._routes
         if route is not None:
-            route.answers.put(session_error(error, self.address))
+            route.put(session_error(error, self.address))
         if ending:
             self._outbox.put(_END)
 
@@ -245,7 +280,7 @@ class PeerLink:
             self.error = failure
             routes, self._routes = list(self._routes.values()), {}
         for route in routes:
-            route.answers.put(copy.copy(failure))
+            route.put(copy.copy(failure))
         self._outbox.put(_END)  # gRPC's thread may still wait on the iterator: let it return
         if self._on_broken is not None:
             self._on_broken(self)
@@ -284,7 +319,7 @@ class LinkSession:
         hypo_ids: Sequence[int] = (),
     ) -> None:
         if self._closed:  # given up on (a late answer): the peer no longer holds the session
-            self._route.answers.put(PeerUnavailable(f"{self.link.address}: the session was closed"))
+            self._route.put(PeerUnavailable(f"{self.link.address}: the session was closed"))
             return
         small = hidden.numel() * hidden.element_size() < self.compress_min_bytes
         codec = CodecId.NONE if small else self.codec
@@ -308,6 +343,10 @@ class LinkSession:
             raise item
         result, output = item  # type: ignore[misc]
         return result.step_id, result.pushed, output
+
+    def wake_with(self, waker: Callable[[str], None]) -> None:
+        """Call `waker(session_id)` from the reader thread whenever an item arrives for this session."""
+        self._route.waker = functools.partial(waker, self.session_id)
 
     def abandon(self) -> None:
         self.close()

@@ -12,13 +12,14 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
 from swarm.client.checks import tolerance
+from swarm.client.client_engine import ClientEngine
+from swarm.client.hop_state import HopState, trimmed
 from swarm.client.metrics import ClientMetrics
 from swarm.client.pace import LATE_FLOOR_S, HopPace
 from swarm.client.prefix_reuse import PromptPrefix, attach_route, register_route
@@ -49,26 +50,6 @@ class _ReplayFailed(Exception):
     def __init__(self, peer_id: str, error: SwarmError) -> None:
         super().__init__(f"replay to {peer_id} failed: {error}")
         self.peer_id, self.error = peer_id, error
-
-
-@dataclass
-class _HopState:
-    hop: Hop
-    session: SpanSession
-    pace: HopPace
-    inputs: list[torch.Tensor] = field(default_factory=list)  # every input sent, [batch, new_tokens, hidden] each
-    missing: int = 0  # first tokens whose inputs it never got: they came from the peers' prefix caches
-
-
-def _trimmed(inputs: list[torch.Tensor], tokens: int) -> list[torch.Tensor]:
-    """The first `tokens` tokens of a hop's inputs (each [batch, new_tokens, hidden])."""
-    kept: list[torch.Tensor] = []
-    for piece in inputs:
-        if tokens <= 0:
-            break
-        kept.append(piece if piece.shape[1] <= tokens else piece[:, :tokens])
-        tokens -= piece.shape[1]
-    return kept
 
 
 class InferenceSession:
@@ -116,11 +97,12 @@ class InferenceSession:
         self.waits_for_room = 0  # hops re-routed after an Overloaded peer (alive, full): not failures
         self._full_since: float | None = None  # when the step being run first found a peer full
         self._verifier: Verifier | None = None
-        self._hops = self._open(need, inputs=[])
+        self.engine = ClientEngine.shared(stubs) if stubs is not None else None
+        self.hops = self._open(need, inputs=[])
 
     @property
     def route(self) -> Route:
-        return tuple(state.hop for state in self._hops)
+        return tuple(state.hop for state in self.hops)
 
     def enable_verification(self, fraction: float, margin: float, rng: random.Random | None = None) -> None:
         """Also run `fraction` of the steps on a second replica of each hop's span and ban peers whose answers
@@ -136,10 +118,10 @@ class InferenceSession:
         there replays the whole route from them)."""
         if self.position or self._length or not prefix.keys:
             return 0
-        length = attach_route([state.session for state in self._hops], prefix, self.step_timeout_s)
+        length = attach_route([state.session for state in self.hops], prefix, self.step_timeout_s)
         if length:
-            self._hops[0].inputs.append(embed(length))
-            for state in self._hops[1:]:
+            self.hops[0].inputs.append(embed(length))
+            for state in self.hops[1:]:
                 state.missing = length
             self.position = self._length = length
         return length
@@ -147,7 +129,7 @@ class InferenceSession:
     def register_prefix(self, keys: list[bytes], tail: Tail | None) -> None:
         """Give every hop the keys of the session's tokens: the pages it keeps of them when the session ends serve
         this client's next sessions that start the same way."""
-        register_route([state.session for state in self._hops], keys, tail)
+        register_route([state.session for state in self.hops], keys, tail)
 
     def _stream(self, hop: Hop) -> SpanSession:
         return SpanSession(
@@ -157,6 +139,19 @@ class InferenceSession:
 
     def step(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor:
         """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last output.
+        A plain step of a session on shared stubs goes with the other sessions of the process (client_engine.py);
+        the rest, and any step that meets a failure or a late answer there, run here alone (`step_alone`)."""
+        if self.engine is not None and self.batchable(hypo_ids):
+            return self.engine.step(self, hidden)
+        return self.step_alone(hidden, hypo_ids)
+
+    def batchable(self, hypo_ids: Sequence[int] | None = None) -> bool:
+        """The step can go with the engine's: no reorder, rollback or verification, every hop on a shared stream."""
+        plain = not self._checked_hypo_ids(hypo_ids) and self._verifier is None and self.position == self._length
+        return plain and all(state.session.batched for state in self.hops)
+
+    def step_alone(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """`step` in the calling thread, with failover: waits on each hop's answer and replaces a failed hop.
 
         With push, the client sends the step to the first hop only, and each peer forwards its output to the next;
         the client still reads every hop's output (it is the next hop's replay history) and sends a step itself
@@ -167,19 +162,19 @@ class InferenceSession:
             InvalidArgument: `hypo_ids` does not name one row of the batch per row.
         """
         hypo = self._checked_hypo_ids(hypo_ids)
-        step_id, started = self._next_step_id(), time.perf_counter()
-        verify = self._verifier is not None and self._verifier.wants() and not hypo and not self._hops[-1].missing
+        step_id, started = self.next_step_id(), time.perf_counter()
+        verify = self._verifier is not None and self._verifier.wants() and not hypo and not self.hops[-1].missing
         index, must_send, tokens, first = 0, True, hidden.shape[1], hidden
-        staged: list[tuple[_HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
+        staged: list[tuple[HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
         since = time.monotonic()  # when the hop got its input: sent now, or pushed when the previous answer came
         previous_s: float | None = None  # how long the previous hop took for this step
-        while index < len(self._hops):
-            state = self._hops[index]
+        while index < len(self.hops):
+            state = self.hops[index]
             try:
                 if must_send:
                     # A reordering or rolling-back step is not pushed: a peer takes those from its client alone
                     # (peers/push.py's PushFence), and a reorder must not be seen twice after a failover.
-                    push_to = [] if verify or hypo or self.position < self._length else self._push_targets(index + 1)
+                    push_to = [] if verify or hypo or self.position < self._length else self.push_targets(index + 1)
                     state.session.send(hidden, self.position, step_id, push_to, hypo)
                 waited = time.monotonic() - since
                 like_s = None if must_send else previous_s  # a pushed step may have been lost: see HopPace
@@ -201,23 +196,23 @@ class InferenceSession:
                     index, hidden, staged = 0, first, []
                 # A new id: peers after this hop may have run a step the failed peer pushed them (garbage, if its
                 # answer failed the checks); under a new id they run the replacement's at the same position again.
-                step_id, must_send, since = self._next_step_id(), True, time.monotonic()
+                step_id, must_send, since = self.next_step_id(), True, time.monotonic()
                 continue  # the same index now holds the replacement's first hop
             staged.append((state, hidden))
             self.router.bans.forgive(state.hop.peer_id)
             hidden, index, must_send, since = output, index + 1, not pushed, time.monotonic()
-        self._record(staged, hypo, hidden.shape[1])
+        self.record(staged, hypo, hidden.shape[1])
         self.metrics.step_latency.observe(time.perf_counter() - started)
         return hidden
 
-    def _record(self, staged: list[tuple[_HopState, torch.Tensor]], hypo: tuple[int, ...], tokens: int) -> None:
+    def record(self, staged: list[tuple[HopState, torch.Tensor]], hypo: tuple[int, ...], tokens: int) -> None:
         """A step went through every hop: keep each hop's input (its replay history) and move on by `tokens`."""
         for state, inputs in staged:
             if hypo:
                 state.inputs = [piece[list(hypo)] for piece in state.inputs]
             state.inputs.append(inputs)
         if hypo and self._verifier is not None:  # the shadows' caches follow the old rows: they start over
-            for state in self._hops:
+            for state in self.hops:
                 self._verifier.forget(state.hop)
         self.position = self._length = self.position + tokens
         self._full_since = None
@@ -241,39 +236,39 @@ class InferenceSession:
         """
         if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= self.position:
             raise InvalidArgument("position", f"must be an int in [0, {self.position}], got {position!r}")
-        for state in self._hops:
-            state.inputs = _trimmed(state.inputs, position - state.missing)
+        for state in self.hops:
+            state.inputs = trimmed(state.inputs, position - state.missing)
             state.missing = min(state.missing, position)
         self.position = position
 
-    def _verify(self, state: _HopState, hidden: torch.Tensor, output: torch.Tensor) -> None:
+    def _verify(self, state: HopState, hidden: torch.Tensor, output: torch.Tensor) -> None:
         assert self._verifier is not None
         history = torch.cat(state.inputs, dim=1) if state.inputs else None
         self._verifier.check(state.hop, history, hidden, output)
 
-    def _next_step_id(self) -> int:
+    def next_step_id(self) -> int:
         self._step_id += 1
         return self._step_id
 
     def _resend(
-        self, state: _HopState, hidden: torch.Tensor, step_id: int, index: int, resent: list[float]
+        self, state: HopState, hidden: torch.Tensor, step_id: int, index: int, resent: list[float]
     ) -> Callable[[], None]:
         """Send hop `index` the step it was pushed, should the push have been lost (SpanSession.receive); the time
         goes to `resent`, so that the hop's pace counts from when it really got its input."""
 
         def resend() -> None:
-            state.session.send(hidden, self.position, step_id, self._push_targets(index + 1))
+            state.session.send(hidden, self.position, step_id, self.push_targets(index + 1))
             resent.append(time.monotonic())
 
         return resend
 
-    def _push_targets(self, first: int) -> list[pb.PushTarget]:
-        return [state.session.target for state in self._hops[first:]] if self.push else []
+    def push_targets(self, first: int) -> list[pb.PushTarget]:
+        return [state.session.target for state in self.hops[first:]] if self.push else []
 
     def _fail_over(self, index: int, error: SwarmError) -> bool:
         """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing.
         True when the whole route was replaced instead: the hop had not got its first inputs (a cached prefix)."""
-        failed = self._hops.pop(index)
+        failed = self.hops.pop(index)
         failed.session.close()
         if self.stubs is not None and not answered_alive(error):  # the next session there gets a new connection
             self.stubs.forget(failed.hop.address)
@@ -282,10 +277,10 @@ class InferenceSession:
         self.router.release((failed.hop,), self._tokens)
         culprit, span, inputs, whole = failed.hop.peer_id, failed.hop.span, failed.inputs, bool(failed.missing)
         if whole:  # its first inputs came from prefix caches: the whole route starts again from embeddings
-            end = max(state.hop.span.end for state in [failed, *self._hops])
-            index, span, inputs = 0, Span(self._hops[0].hop.span.start, end), self._hops[0].inputs
+            end = max(state.hop.span.end for state in [failed, *self.hops])
+            index, span, inputs = 0, Span(self.hops[0].hop.span.start, end), self.hops[0].inputs
             self._close_hops()
-            self._hops = []
+            self.hops = []
         while True:
             if isinstance(error, Overloaded):
                 self._count_wait_for_room(error)
@@ -301,10 +296,10 @@ class InferenceSession:
             except _ReplayFailed as replay:
                 culprit, error = replay.peer_id, replay.error
                 continue
-            self._hops[index:index] = replacement
+            self.hops[index:index] = replacement
             # Every hop past the failed one starts a new push epoch: the failed peer knew their tokens (push_to
             # carries the rest of the route), and a late push of its would truncate or corrupt their caches.
-            for state in self._hops[index + len(replacement) :]:
+            for state in self.hops[index + len(replacement) :]:
                 state.session.fence()
             return whole
 
@@ -332,7 +327,7 @@ class InferenceSession:
     def _tokens(self) -> int:
         return self.batch_size * self.max_length
 
-    def _open(self, need: Span, inputs: list[torch.Tensor], fresh: bool = False) -> list[_HopState]:
+    def _open(self, need: Span, inputs: list[torch.Tensor], fresh: bool = False) -> list[HopState]:
         """Open sessions on a new route for `need` and replay `inputs` (what the span had received) through it.
 
         Raises:
@@ -340,7 +335,7 @@ class InferenceSession:
         """
         route = self._choose(need, fresh)
         self.router.acquire(route, self._tokens)
-        states = [_HopState(hop, self._stream(hop), HopPace(self.step_timeout_s, self.late_floor_s)) for hop in route]
+        states = [HopState(hop, self._stream(hop), HopPace(self.step_timeout_s, self.late_floor_s)) for hop in route]
         state = states[0]
         try:
             history = torch.cat(inputs, dim=1) if inputs else None
@@ -358,11 +353,11 @@ class InferenceSession:
             raise
         return states
 
-    def _replay(self, state: _HopState, history: torch.Tensor) -> torch.Tensor:
+    def _replay(self, state: HopState, history: torch.Tensor) -> torch.Tensor:
         """Rebuild a fresh hop's KV cache from `history` [batch, tokens, hidden], in pieces a peer accepts."""
         piece = max(1, REPLAY_TOKENS // history.shape[0])
         outputs = [
-            state.session.step(history[:, start : start + piece], start, self._next_step_id())
+            state.session.step(history[:, start : start + piece], start, self.next_step_id())
             for start in range(0, history.shape[1], piece)
         ]
         return torch.cat(outputs, dim=1)
@@ -388,7 +383,7 @@ class InferenceSession:
             self._verifier.close()
 
     def _close_hops(self) -> None:
-        for state in self._hops:
+        for state in self.hops:
             state.session.close()
         self.router.release(self.route, self._tokens)
 

@@ -25,7 +25,7 @@ from swarm.client.checks import checked_tensor
 from swarm.client.inference_stream import InferenceStream
 from swarm.client.peer_link import LinkSession, PeerLink, SessionsUnsupported
 from swarm.codec import CodecId
-from swarm.errors import DeadlineExceeded
+from swarm.errors import DeadlineExceeded, SwarmError
 from swarm.security import SwarmCredentials
 from swarm.types import Hop
 
@@ -180,6 +180,42 @@ class SpanSession:
         self._unconfirmed = None
         return checked_tensor(output, like, self.hop.address), pushed
 
+    @property
+    def batched(self) -> bool:
+        """On the process's shared stream, nothing held back for `receive`: the client engine can take its answers."""
+        return isinstance(self._transport, LinkSession) and not self._early
+
+    def wake_with(self, waker: Callable[[str], None]) -> None:
+        """Call `waker(self.session_id)` from the stream's reader whenever something arrives for this session."""
+        if isinstance(self._transport, LinkSession):
+            self._transport.wake_with(waker)
+
+    def poll(self, step_id: int, like: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+        """`receive` without waiting: the output of step `step_id` and whether it was pushed on, or None while it
+        has not arrived. An error is kept for the next `receive` (the session's own step meets it and fails over).
+
+        Raises:
+            SwarmError subclasses, as `receive`.
+        """
+        while True:
+            if self._early:
+                item = self._early.pop(0)
+            else:
+                try:
+                    item = self._transport.answers.get_nowait()
+                except queue.Empty:
+                    return None
+            if isinstance(item, pb.PrefixHeld):
+                continue
+            try:
+                answered, pushed, output = self._transport.answer(item, _nothing_more, like)
+            except SwarmError:
+                self._early.insert(0, item)
+                raise
+            if answered == step_id:
+                self._unconfirmed = None
+                return checked_tensor(output, like, self.hop.address), pushed
+
     def step(self, hidden: torch.Tensor, position: int, step_id: int) -> torch.Tensor:
         self.send(hidden, position, step_id)
         return self.receive(step_id, hidden)[0]
@@ -242,6 +278,10 @@ class SpanSession:
             self._private_link.close()
         if self._channel is not None:
             self._channel.close()
+
+
+def _nothing_more() -> object:
+    raise AssertionError("a shared stream's answers arrive whole")
 
 
 class _Wait:

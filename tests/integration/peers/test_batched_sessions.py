@@ -19,8 +19,9 @@ from peers.limits import LimitsConfig
 from peers.server import PeerServer, ServerConfig
 from swarm.channels import PeerStubs
 from swarm.client import InferenceSession
+from swarm.client.lockstep import generate_together
 from swarm.codec import CodecId
-from swarm.partition import load_span
+from swarm.partition import load_client_head, load_span
 from swarm.router import MinLatencyRouter
 from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo, PeerState, Span
@@ -95,6 +96,15 @@ def greedy(session: InferenceSession, model, ids: torch.Tensor, on_token: Callab
     return torch.tensor(tokens)
 
 
+def new_session(
+    number: int, peers_of: Callable[[int], Callable[[bool], list[PeerInfo]]], stubs: PeerStubs
+) -> InferenceSession:
+    return InferenceSession(
+        MinLatencyRouter(), peers_of(number), EVERYTHING, 1, 64, CodecId.NONE, step_timeout_s=60,
+        credentials=OPEN, stubs=stubs, late_floor_s=LATE_FLOOR_S,
+    )  # fmt: skip
+
+
 def run_all(
     model, prompts: Sequence[torch.Tensor], peers_of: Callable[[int], Callable[[bool], list[PeerInfo]]],
     stubs: PeerStubs, on_token: Callable[[int, int], None] = lambda session, index: None,
@@ -103,11 +113,7 @@ def run_all(
     start = threading.Barrier(len(prompts))
 
     def one(number: int) -> tuple[torch.Tensor, int]:
-        session = InferenceSession(
-            MinLatencyRouter(), peers_of(number), EVERYTHING, 1, 64, CodecId.NONE, step_timeout_s=60,
-            credentials=OPEN, stubs=stubs, late_floor_s=LATE_FLOOR_S,
-        )  # fmt: skip
-        with session:
+        with new_session(number, peers_of, stubs) as session:
             start.wait(timeout=60)
             tokens = greedy(session, model, prompts[number], lambda index: on_token(number, index))
             return tokens, session.failovers
@@ -224,3 +230,72 @@ def test_a_peer_sigkilled_under_32_sessions_loses_none_of_them(
         assert torch.equal(tokens, expected), (PROMPTS[number], tokens.tolist(), expected.tolist())
         allowed = (1,) if number in running else (0, 1)
         assert failovers in allowed, (number, failovers, tokens_at_kill[number])
+
+
+def open_sessions(count: int, peers_of: Callable[[int], Callable[[bool], list[PeerInfo]]], stubs: PeerStubs):
+    return [new_session(number, peers_of, stubs) for number in range(count)]
+
+
+def test_generations_from_one_loop_go_in_lockstep_and_each_equals_hugging_face_alone(
+    tiny_checkpoint_path: Path, tiny_peer_servers, prompts_and_expected
+) -> None:
+    """swarm/client/lockstep.py: 64 generations driven by one loop, one LM head per turn, every step through the
+    client engine; each equals Hugging Face alone, and the steps travel in far fewer messages than there are."""
+    head = load_client_head(tiny_checkpoint_path)
+    peers = [peer_info(server) for server in tiny_peer_servers]
+    stubs = PeerStubs(OPEN)
+    try:
+        sessions = open_sessions(SESSIONS, lambda n: lambda fresh=False: peers, stubs)
+        with torch.inference_mode():
+            got = generate_together(sessions, head, [ids for ids, _ in prompts_and_expected], NEW_TOKENS)
+        first, engine = stubs.link(tiny_peer_servers[0].address), sessions[0].engine
+        for session in sessions:
+            session.close()
+    finally:
+        stubs.close()
+    for tokens, (_, expected), prompt in zip(got, prompts_and_expected, PROMPTS, strict=True):
+        assert tokens == expected.tolist(), (prompt, tokens, expected.tolist())
+    print(f"first peer: {first.steps_sent} steps in {first.batches_sent} StepBatch messages")
+    assert first.steps_sent >= SESSIONS * NEW_TOKENS and first.batches_sent * 4 <= first.steps_sent
+    assert engine is not None and engine.alone == 0
+
+
+@pytest.mark.timeout(300)
+def test_a_peer_sigkilled_under_32_sessions_of_one_loop_loses_none_of_them(
+    tiny_checkpoint_path: Path, tiny_peer_servers, prompts_and_expected
+) -> None:
+    """As the test above with threads, the sessions driven by one loop: each session's step that meets the dead
+    peer leaves the loop, fails over alone, and rejoins it; all 32 finish with Hugging Face's tokens."""
+    head = load_client_head(tiny_checkpoint_path)
+    process, address, _ = peer_process.start(tiny_checkpoint_path, "--blocks", "15:30")
+    first, standby = (peer_info(server) for server in tiny_peer_servers)
+    victim = PeerInfo("victim-15", address, Span(15, 30), PeerState.ONLINE, inference_steps_per_s=10.0,
+                      cache_tokens_free=100_000, model=TINY_MODEL_NAME, total_blocks=30)  # fmt: skip
+    killed, chosen_so_far = threading.Event(), [0]
+
+    def on_tokens(indices: list[int], _tokens: torch.Tensor) -> None:
+        chosen_so_far[0] += len(indices)  # about 2 tokens of each session's 8, so each has steps left to take
+        if chosen_so_far[0] >= 2 * FAILOVER_SESSIONS and not killed.is_set():
+            process.kill()
+            killed.set()
+
+    chosen = prompts_and_expected[:FAILOVER_SESSIONS]
+    stubs = PeerStubs(OPEN)
+    try:
+        sessions = open_sessions(
+            FAILOVER_SESSIONS, lambda n: lambda fresh=False: [first, standby] if killed.is_set() else [first, victim],
+            stubs,
+        )  # fmt: skip
+        with torch.inference_mode():
+            got = generate_together(sessions, head, [ids for ids, _ in chosen], NEW_TOKENS, on_tokens=on_tokens)
+        failovers = [session.failovers for session in sessions]
+        for session in sessions:
+            session.close()
+    finally:
+        stubs.close()
+        process.kill()
+        process.wait(10)
+    assert killed.is_set()
+    for number, (tokens, (_, expected)) in enumerate(zip(got, chosen, strict=True)):
+        assert tokens == expected.tolist(), (PROMPTS[number], tokens, expected.tolist())
+    assert failovers == [1] * FAILOVER_SESSIONS, failovers

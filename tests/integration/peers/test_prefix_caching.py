@@ -137,7 +137,7 @@ def test_a_failover_on_a_hop_that_took_a_cached_prefix_replays_the_route_and_sta
 
     def lose_the_second_hops_session(session: ModelSession) -> None:
         assert session.cached_tokens > 0
-        hop = session.session._hops[1]
+        hop = session.session.hops[1]
         assert hop.missing and hop.hop.address == tiny_peer_servers[1].address  # it never got the prefix's inputs
         tiny_peer_servers[1].engine.close(hop.session.session_id)  # as on a restarted peer: its next step fails there
 

@@ -1,0 +1,104 @@
+"""Many sessions' generations from one loop (issue 37, item 1): each turn takes the steps that came back together,
+runs ONE LM head and one choice of the next tokens over all their rows, embeds those tokens in one call and sends
+the steps on through the client engine (client_engine.py), which carries those bound for the same peer in one
+message. The sessions stay in step: a peer sees them as a few large batches rather than many small ones, and no
+Python thread per session wakes up for each token.
+
+A session whose step cannot go with the engine's (a rollback, reordered rows, verification) runs it alone, at once;
+a step that fails over does so in a thread of its own, and its session rejoins the loop when it is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+import torch
+
+from swarm.client.session import InferenceSession
+from swarm.partition.client_head import ClientHead
+
+WAVES = 2  # a turn waits for up to this share of the steps in flight (_turn)...
+HOLD_S = 0.02  # ...while the next comes back within this long
+
+Choose = Callable[[torch.Tensor], torch.Tensor]  # logits [rows, vocab] -> next token ids [rows]
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)
+
+
+def generate_together(
+    sessions: Sequence[InferenceSession],
+    head: ClientHead,
+    prompts: Sequence[torch.Tensor],
+    new_tokens: int,
+    choose: Choose = greedy,
+    on_tokens: Callable[[list[int], torch.Tensor], None] | None = None,
+) -> list[list[int]]:
+    """`new_tokens` tokens for each session (batch 1, opened and not yet stepped) after its prompt ([1, length]
+    token ids each; lengths may differ); returns each session's tokens. `choose` picks the next tokens of a turn's
+    rows (greedy by default); `on_tokens(indices, tokens)` is told of each turn's tokens as they are chosen.
+
+    Raises:
+        SwarmError subclasses: a session's step failed for good (the other sessions' steps are finished first).
+    """
+    tokens: list[list[int]] = [[] for _ in sessions]
+    flying: dict[Future, int] = {}
+    for index, (session, prompt) in enumerate(zip(sessions, prompts, strict=True)):
+        flying[_submit(session, head.embed(prompt))] = index
+    failure: BaseException | None = None
+    while flying:
+        done = _turn(flying)
+        came_back, outputs = [], []
+        for future in done:
+            index = flying.pop(future)
+            if future.exception() is not None:
+                failure = failure or future.exception()
+                continue
+            came_back.append(index)
+            outputs.append(future.result()[:, -1])  # [1, hidden]
+        if not came_back or failure is not None:
+            continue
+        with torch.no_grad():
+            chosen = choose(head.logits(torch.cat(outputs)))  # [rows]
+        if on_tokens is not None:
+            on_tokens(came_back, chosen)
+        going = []
+        for row, index in enumerate(came_back):
+            tokens[index].append(int(chosen[row]))
+            if len(tokens[index]) < new_tokens:
+                going.append(row)
+        if going:
+            embedded = head.embed(chosen[going].unsqueeze(1))  # [rows, 1, hidden]
+            for row, inputs in zip(going, embedded, strict=True):
+                flying[_submit(sessions[came_back[row]], inputs.unsqueeze(0))] = came_back[row]
+    if failure is not None:
+        raise failure
+    return tokens
+
+
+def _turn(flying: dict[Future, int]) -> set[Future]:
+    """The steps of the next turn: at least one; more, up to a 1/WAVES share of those in flight, while they keep
+    coming back within HOLD_S of each other. A few large waves rather than many small ones travel the pipeline:
+    a peer's iteration costs nearly as much for 8 rows as for 64, and WAVES of them keep each stage busy."""
+    goal = -(-len(flying) // WAVES)
+    done, rest = wait(list(flying), return_when=FIRST_COMPLETED)
+    while len(done) < goal and rest:
+        more, rest = wait(rest, timeout=HOLD_S, return_when=FIRST_COMPLETED)
+        if not more:
+            break
+        done |= more
+    return done
+
+
+def _submit(session: InferenceSession, hidden: torch.Tensor) -> Future:
+    engine = session.engine
+    if engine is not None and session.batchable():
+        return engine.submit(session, hidden)
+    future: Future = Future()
+    try:
+        future.set_result(session.step_alone(hidden))
+    except BaseException as error:
+        future.set_exception(error)
+    return future

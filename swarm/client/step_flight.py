@@ -1,0 +1,103 @@
+"""One session's step on the client engine's path (client_engine.py): sent to its first hop (and pushed on by the
+peers from there), its answers taken as the streams deliver them, with no thread waiting on them.
+
+It takes the plain path only: each hop's answer in time. An error or a late answer ends the flight, and the session
+runs the step again on its own (InferenceSession.step_alone, in a thread of its own), which fails the hop over; the
+session's position moves only once a flight completes, so the step runs again from the same position under a new
+step id (the peers truncate what the abandoned flight added, and drop its late answers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Protocol
+
+import torch
+
+from swarm._proto import swarm_pb2 as pb
+from swarm.client.hop_state import HopState
+from swarm.client.metrics import ClientMetrics
+from swarm.router import Router
+
+
+class FlightSession(Protocol):
+    """What a flight needs of its InferenceSession."""
+
+    hops: list[HopState]
+    position: int
+    router: Router
+    metrics: ClientMetrics
+
+    def next_step_id(self) -> int: ...
+
+    def push_targets(self, first: int) -> list[pb.PushTarget]: ...
+
+    def record(self, staged: list[tuple[HopState, torch.Tensor]], hypo: tuple[int, ...], tokens: int) -> None: ...
+
+    def step_alone(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor: ...
+
+
+class StepFlight:
+    """A step in flight: which hop's answer it waits for, the input that hop got, and until when."""
+
+    __slots__ = ("first", "future", "hidden", "index", "late_at", "session", "since", "staged", "started", "states")
+    __slots__ += ("step_id", "tokens")
+
+    def __init__(
+        self, session: FlightSession, hidden: torch.Tensor, future: Future, waker: Callable[[str], None]
+    ) -> None:
+        """Send `hidden` [batch, new_tokens, hidden] to the session's first hop; `waker(hop session id)` is told of
+        every answer that arrives for a hop of the route."""
+        self.session, self.future = session, future
+        self.first = self.hidden = hidden
+        self.states = list(session.hops)
+        self.tokens = hidden.shape[1]
+        self.step_id = session.next_step_id()
+        self.index = 0
+        self.staged: list[tuple[HopState, torch.Tensor]] = []  # each answered hop with its input
+        self.started = time.perf_counter()
+        self.since = self.late_at = 0.0
+        for state in self.states:
+            state.session.wake_with(waker)
+        self._send(0)
+
+    @property
+    def hop_ids(self) -> list[str]:
+        """The session ids of the route's hops on their peers (what the waker is told)."""
+        return [state.session.session_id for state in self.states]
+
+    def _send(self, index: int) -> None:
+        state = self.states[index]
+        state.session.send(self.hidden, self.session.position, self.step_id, self.session.push_targets(index + 1))
+        self.since = time.monotonic()
+        self.late_at = self.since + state.pace.deadline_s(self.tokens)
+
+    def advance(self) -> bool:
+        """Take every answer that has arrived; True once the last hop's has (the step is recorded, its output in
+        `hidden`). A hop that did not push its output on is sent it here.
+
+        Raises:
+            SwarmError subclasses: a hop's answer is an error or fails the checks (the session keeps the error).
+        """
+        while True:
+            state = self.states[self.index]
+            answer = state.session.poll(self.step_id, self.hidden)
+            if answer is None:
+                return False
+            output, pushed = answer
+            now = time.monotonic()
+            took = now - self.since
+            state.pace.observe(took, self.tokens)
+            self.staged.append((state, self.hidden))
+            self.session.router.bans.forgive(state.hop.peer_id)
+            self.hidden, self.index = output, self.index + 1
+            if self.index == len(self.states):
+                self.session.record(self.staged, (), self.tokens)
+                self.session.metrics.step_latency.observe(time.perf_counter() - self.started)
+                return True
+            if pushed:  # the hop got its input now; a lost push is late after about as long as this hop took
+                self.since, self.late_at = now, now + self.states[self.index].pace.deadline_s(self.tokens, took)
+            else:
+                self._send(self.index)
