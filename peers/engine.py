@@ -31,16 +31,7 @@ from peers.kv_cache import Sequence
 from peers.lora import LoraWeights
 from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner, Piece
-from peers.scheduler import (
-    Chunk,
-    MovingAverage,
-    RateMeter,
-    Task,
-    TaskKind,
-    TaskQueue,
-    reject,
-    resolve,
-)
+from peers.scheduler import Chunk, MovingAverage, RateMeter, Task, TaskKind, TaskQueue, reject, resolve
 from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, SessionNotFound, SwarmError
 
 logger = logging.getLogger(__name__)
@@ -182,6 +173,12 @@ class Engine(SessionPages, SessionPrefixes):
                 except SwarmError as error:
                     queued.append(error)
         return queued
+
+    def settled(self) -> None:
+        """Return once the engine is not handing out results: every step an iteration finished is resolved (they
+        are resolved together under the lock), so a caller woken by the first of them can take the whole wave."""
+        with self._cond:
+            pass
 
     def close(self, session_id: str) -> None:
         """End a session and give its pages back; its pending step, if any, fails. Unknown ids are ignored."""

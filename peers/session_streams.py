@@ -272,7 +272,8 @@ class SessionStream:
         try:
             while True:
                 wave = [await self._finished.get()]
-                await asyncio.sleep(0)  # the other steps of the same iteration are being handed over too
+                self.host.engine.settled()  # the other steps of the same iteration are being handed over too...
+                await asyncio.sleep(0)  # ...and their callbacks queued on this loop: let them run
                 while not self._finished.empty():
                     wave.append(self._finished.get_nowait())
                 self._running -= len(wave)
