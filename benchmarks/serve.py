@@ -6,10 +6,13 @@ or `python -m benchmarks.serve --tiny [--sessions 1 32 128 512]`: a random Llama
 2 KV heads and SmolLM2's vocabulary (its size read from --model's config.json, 49152 without it), written to a
 temporary directory (its model compute is negligible: what is measured is everything around it).
 Two peer processes serve blocks [0, 15) and [15, 30) (fp32, CPU, one torch thread each); the client runs N
-generations at once, each in its own thread with its own InferenceSession, all sharing one PeerStubs as an
-application's DistributedModel does (server-to-server push, the default 8-bit codec): a 16-token prompt, then
-`new_tokens` greedy tokens; the client's embeddings per session, its norm and LM head batched across the process's
-sessions (swarm/client/head_batching.py: SharedHead, as DistributedModel's generation uses it). A level's
+generations at once, each with its own InferenceSession, from one loop (`--driver loop`, the default:
+swarm/client/lockstep.py, one LM head per turn) or each in a thread of its own (`--driver threads`), all sharing one
+PeerStubs and so one ClientEngine as an application's DistributedModel does (server-to-server push, the default
+8-bit codec for steps of at least DEFAULT_COMPRESS_MIN_BYTES, as ClientConfig's default: decode steps travel
+uncompressed): a 16-token prompt, then
+`new_tokens` greedy tokens; with threads, the client's norm and LM head batched across the process's sessions
+(swarm/client/head_batching.py: SharedHead, as DistributedModel's generation uses it). A level's
 tokens/s is sessions × new_tokens over the time from the sessions' start (prefill included) to the last token.
 The baseline (benchmarks/hf_baseline.py: `model(...)` with past_key_values in a plain loop, prefill included the
 same way, in a spawned process with one torch thread) runs first, at the same batch sizes, prompt and new tokens.
@@ -45,7 +48,7 @@ from swarm.channels import PeerStubs
 from swarm.client import InferenceSession
 from swarm.client.head_batching import SharedHead
 from swarm.client.lockstep import generate_together
-from swarm.codec import DEFAULT_CODEC
+from swarm.codec import DEFAULT_CODEC, DEFAULT_COMPRESS_MIN_BYTES
 from swarm.partition import load_client_head
 from swarm.router import MinLatencyRouter
 from swarm.security import SwarmCredentials
@@ -74,6 +77,7 @@ def _session(peers: list[PeerInfo], stubs: PeerStubs, length: int) -> InferenceS
     return InferenceSession(
         MinLatencyRouter(), lambda fresh=False: peers, blocks, 1, length, DEFAULT_CODEC,
         step_timeout_s=120, credentials=SwarmCredentials.open(), stubs=stubs,
+        compress_min_bytes=DEFAULT_COMPRESS_MIN_BYTES,
     )  # fmt: skip
 
 
