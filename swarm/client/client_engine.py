@@ -124,22 +124,30 @@ class ClientEngine:
         if now - self._checked_at < LATE_CHECK_S:
             return
         self._checked_at = now
-        late = {id(flight): flight for flight in self._flights.values() if now > flight.late_at}
+        late: dict[int, StepFlight] = {}
+        for flight in self._flights.values():
+            if flight.answered is None and now >= flight.probe_at:
+                flight.start_probe()
+            if now > flight.late_at:
+                late[id(flight)] = flight
         for flight in late.values():
-            self._give_back(flight)
+            self._give_back(flight, late=True)
 
     def _forget(self, flight: StepFlight) -> None:
         for hop_id in flight.hop_ids:
             if self._flights.get(hop_id) is flight:
                 del self._flights[hop_id]
 
-    def _give_back(self, flight: StepFlight) -> None:
-        """The session runs the step alone, with failover, in a thread of its own; its caller gets that output."""
+    def _give_back(self, flight: StepFlight, late: bool = False) -> None:
+        """The session runs the step alone, with failover, in a thread of its own; its caller gets that output. A
+        `late` flight's hop is given up on first if it did not answer its probe."""
         self._forget(flight)
         self.alone += 1
 
         def alone() -> None:
             try:
+                if late:
+                    flight.give_up_if_silent()
                 flight.future.set_result(flight.session.step_alone(flight.first))
             except BaseException as error:
                 flight.future.set_exception(error)

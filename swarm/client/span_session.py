@@ -216,6 +216,12 @@ class SpanSession:
                 self._unconfirmed = None
                 return checked_tensor(output, like, self.hop.address), pushed
 
+    def give_up(self, error: SwarmError) -> None:
+        """Stop waiting on this peer (the client engine found it late and silent): the session is closed there, and
+        the next `receive` raises `error` at once, so that the session's own step fails it over."""
+        self._transport.abandon()
+        self._early.insert(0, error)
+
     def step(self, hidden: torch.Tensor, position: int, step_id: int) -> torch.Tensor:
         self.send(hidden, position, step_id)
         return self.receive(step_id, hidden)[0]

@@ -19,6 +19,8 @@ import torch
 from swarm._proto import swarm_pb2 as pb
 from swarm.client.hop_state import HopState
 from swarm.client.metrics import ClientMetrics
+from swarm.client.span_session import PROBE_TIMEOUT_S
+from swarm.errors import DeadlineExceeded
 from swarm.router import Router
 
 
@@ -27,6 +29,7 @@ class FlightSession(Protocol):
 
     hops: list[HopState]
     position: int
+    step_timeout_s: float
     router: Router
     metrics: ClientMetrics
 
@@ -43,7 +46,7 @@ class StepFlight:
     """A step in flight: which hop's answer it waits for, the input that hop got, and until when."""
 
     __slots__ = ("first", "future", "hidden", "index", "late_at", "session", "since", "staged", "started", "states")
-    __slots__ += ("step_id", "tokens")
+    __slots__ += ("step_id", "tokens", "answered")
 
     def __init__(
         self, session: FlightSession, hidden: torch.Tensor, future: Future, waker: Callable[[str], None]
@@ -59,6 +62,7 @@ class StepFlight:
         self.staged: list[tuple[HopState, torch.Tensor]] = []  # each answered hop with its input
         self.started = time.perf_counter()
         self.since = self.late_at = 0.0
+        self.answered: Callable[[], bool] | None = None  # the late hop's health probe, once started
         for state in self.states:
             state.session.wake_with(waker)
         self._send(0)
@@ -67,6 +71,24 @@ class StepFlight:
     def hop_ids(self) -> list[str]:
         """The session ids of the route's hops on their peers (what the waker is told)."""
         return [state.session.session_id for state in self.states]
+
+    @property
+    def probe_at(self) -> float:
+        """When to start a health probe of the hop waited on: PROBE_TIMEOUT_S before it is late, as
+        SpanSession.receive does, so that a frozen peer costs no more than its lateness."""
+        return self.late_at - PROBE_TIMEOUT_S
+
+    def start_probe(self) -> None:
+        self.answered = self.states[self.index].session.probe()
+
+    def give_up_if_silent(self) -> None:
+        """Called once late, in the thread the step goes on in: a hop that did not answer its probe (or that took the
+        whole step timeout) is given up on: its session fails it over at once instead of waiting for it again. One
+        that answered is busy, not frozen: the step runs again and waits for it."""
+        waited = time.monotonic() - self.since
+        if waited >= self.session.step_timeout_s or self.answered is None or not self.answered():
+            state = self.states[self.index]
+            state.session.give_up(DeadlineExceeded(f"{state.hop.address}: no answer within {waited:.2f} s"))
 
     def _send(self, index: int) -> None:
         state = self.states[index]
@@ -92,7 +114,7 @@ class StepFlight:
             state.pace.observe(took, self.tokens)
             self.staged.append((state, self.hidden))
             self.session.router.bans.forgive(state.hop.peer_id)
-            self.hidden, self.index = output, self.index + 1
+            self.hidden, self.index, self.answered = output, self.index + 1, None
             if self.index == len(self.states):
                 self.session.record(self.staged, (), self.tokens)
                 self.session.metrics.step_latency.observe(time.perf_counter() - self.started)
