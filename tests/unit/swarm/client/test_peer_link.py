@@ -21,7 +21,7 @@ from swarm.client.batch_wire import (
     session_error,
     step_groups,
 )
-from swarm.client.peer_link import PeerLink, SessionsUnsupported
+from swarm.client.peer_link import PeerLink, SessionsUnsupported, gathered
 from swarm.codec import CodecId, decode, encode, join, split
 from swarm.errors import InvalidOutput, Overloaded, PeerUnavailable, SessionNotFound, SwarmError
 
@@ -224,6 +224,24 @@ def test_a_link_sends_queued_steps_of_its_sessions_as_one_batch_and_routes_the_a
     for name, session in sessions.items():
         step_id, pushed, output = session.answer(session.answers.get(timeout=10), lambda: None, inputs[name])
         assert (step_id, pushed) == (1, name == "a") and torch.equal(output, outputs[name])
+    link.close()
+
+
+def test_steps_gathered_by_a_thread_reach_the_stream_as_one_batch_whenever_it_reads() -> None:
+    """The stream's thread waits on the outbox before the first step is sent; inside `gathered` nothing reaches it
+    until the block ends, so it does not send the first step alone (the client engine's turn sends this way)."""
+    link, call = _link()
+    sessions = {name: _open(link, name) for name in "abc"}
+    assert [next(call.requests).WhichOneof("kind") for _ in range(3)] == ["open"] * 3
+    read: list[pb.SessionsRequest] = []
+    reader = threading.Thread(target=lambda: read.append(next(call.requests)), daemon=True)
+    reader.start()  # waiting for the next message
+    with gathered():
+        for session in sessions.values():
+            session.send(torch.randn(1, 1, HIDDEN), 0, 1)
+            assert not read
+    reader.join(timeout=10)
+    assert [s.session_id for s in read[0].steps.steps] == ["a", "b", "c"]
     link.close()
 
 
