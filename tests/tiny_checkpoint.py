@@ -16,10 +16,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from benchmarks.serve import SMOLLM2_VOCAB, TINY
 from swarm.training.init_model import write_random_llama
 
 TINY_MODEL_NAME = "tiny-smollm2"  # the registry's name for it: its directory's name
-SHAPE = dict(layers=30, hidden=64, heads=4, kv_heads=2, vocab=49152, max_positions=8192, init_std=0.1, seed=0)
+SHAPE = dict(**TINY, vocab=SMOLLM2_VOCAB, max_positions=8192, init_std=0.1, seed=0)  # benchmarks.serve --tiny's shape
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 
