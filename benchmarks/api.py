@@ -7,7 +7,9 @@ A local Ray, a DHT and 2 peers ([0, 15), [15, 30)) as `swarm up` starts them; th
 `ignore_eos` so that each yields exactly `new_tokens` tokens. The baseline runs N threads of
 DistributedModelForCausalLM.generate on the same rendered prompt, in this process, before and after the API's
 level N (the mean of both is the figure). Prints one JSON object: per level, TTFT p50/p95, per-token p50/p95
-(ms) and aggregate tokens/s; at the top, http_vs_client_N = the API's aggregate tokens/s at N / the client's.
+(ms) and aggregate tokens/s; at the top, http_vs_client_N = the API's aggregate tokens/s at N / the client's, and
+http_vs_lockstep_N = the API's / N generations driven from one loop in this process (`generate_together`, one LM
+head per turn, as `benchmarks.serve` drives its sessions), measured right after.
 `--extras N` (default 8) then measures, at N concurrent requests, what a JSON schema (constrained decoding) and
 `top_logprobs` 5 cost: json_schema_vs_plain_N and logprobs_vs_plain_N, against plain requests before and after.
 """
@@ -115,6 +117,35 @@ def _through_client(model, prompt: torch.Tensor, new_tokens: int, level: Level) 
     level.record(started, times[1:], len(times) - 1)  # the first put is the prompt
 
 
+def lockstep_level(model, prompt: torch.Tensor, new_tokens: int, concurrency: int) -> dict:
+    """`concurrency` greedy generations of the prompt from one loop (swarm/client/lockstep.py, as
+    `benchmarks.serve` drives its sessions), on the same model object: what the swarm serves this client at its
+    best, for the API's level to be read against."""
+    from swarm.client.lockstep import generate_together
+
+    level, times = Level(), [[] for _ in range(concurrency)]
+
+    def on_tokens(indices: list[int], _tokens: torch.Tensor) -> None:
+        now = time.perf_counter()
+        for index in indices:
+            times[index].append(now)
+
+    sessions = [model.open_session(1, prompt.shape[1] + new_tokens) for _ in range(concurrency)]
+    started = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            generate_together(sessions, model.head, [prompt] * concurrency, new_tokens, on_tokens=on_tokens)
+    except Exception as error:
+        level.failures.append(repr(error))
+    finally:
+        for session in sessions:
+            session.close()
+    seconds = time.perf_counter() - started
+    for session_times in times:
+        level.record(started, session_times, len(session_times))
+    return level.summary(seconds)
+
+
 def run_level(target, args: tuple, concurrency: int) -> dict:
     level = Level()
     threads = [threading.Thread(target=target, args=(*args, level)) for _ in range(concurrency)]
@@ -192,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
             results["api"][str(concurrency)], results["client"][str(concurrency)] = api, client
             both = [run["tokens_per_s"] for run in client]
             results[f"http_vs_client_{concurrency}"] = round(api["tokens_per_s"] / statistics.mean(both), 3)
+            lockstep = lockstep_level(model, prompt, ns.new_tokens, concurrency)
+            results.setdefault("lockstep", {})[str(concurrency)] = lockstep
+            results[f"http_vs_lockstep_{concurrency}"] = round(api["tokens_per_s"] / lockstep["tokens_per_s"], 3)
         if ns.extras:
             results["extras"] = _extras(base_url, ns.new_tokens, ns.extras)
         print(json.dumps(results, indent=1))

@@ -12,6 +12,7 @@ starts with the first step and ends after IDLE_EXIT_S without one.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -23,6 +24,8 @@ import torch
 from swarm.client.peer_link import gathered
 from swarm.client.step_flight import FlightSession, StepFlight
 from swarm.errors import SwarmError
+
+logger = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 5.0  # the loop's thread ends after this long with nothing in flight
 LATE_CHECK_S = 0.05  # how often steps in flight are checked for a late answer when nothing arrives
@@ -83,12 +86,17 @@ class ClientEngine:
                     self._turn.wait(LATE_CHECK_S if self._flights else IDLE_EXIT_S)
                 pending, self._pending = self._pending, []
                 arrived, self._arrived = self._arrived, set()
-            if pending or arrived:
-                self.turns += 1
-                with gathered():
-                    self._launch(pending)
-                    self._advance(arrived)
-            self._give_back_late()
+            try:
+                if pending or arrived:
+                    self.turns += 1
+                    with gathered():
+                        self._launch(pending)
+                        self._advance(arrived)
+                self._give_back_late()
+            except Exception:  # a bug of this loop: its steps go on alone rather than wait forever
+                logger.exception("the client engine's turn failed; its steps run alone")
+                for flight in {id(flight): flight for flight in self._flights.values()}.values():
+                    self._give_back(flight)
             if self._flights:
                 idle_since = time.monotonic()
 

@@ -79,7 +79,10 @@ class StepFlight:
         return self.late_at - PROBE_TIMEOUT_S
 
     def start_probe(self) -> None:
-        self.answered = self.states[self.index].session.probe()
+        try:
+            self.answered = self.states[self.index].session.probe()
+        except Exception:  # a channel closed meanwhile (grpc raises ValueError): no answer will come
+            self.answered = _silent
 
     def give_up_if_silent(self) -> None:
         """Called once late, in the thread the step goes on in: a hop that did not answer its probe (or that took the
@@ -123,3 +126,7 @@ class StepFlight:
                 self.since, self.late_at = now, now + self.states[self.index].pace.deadline_s(self.tokens, took)
             else:
                 self._send(self.index)
+
+
+def _silent() -> bool:
+    return False
