@@ -345,8 +345,12 @@ class LinkSession:
         return result.step_id, result.pushed, output
 
     def wake_with(self, waker: Callable[[str], None]) -> None:
-        """Call `waker(session_id)` from the reader thread whenever an item arrives for this session."""
+        """Call `waker(session_id)` from the reader thread whenever an item arrives for this session, and at once if
+        one is waiting already (the peer may have refused the session before anyone listened: no later item comes,
+        since a session the peer ended sends nothing more)."""
         self._route.waker = functools.partial(waker, self.session_id)
+        if not self._route.answers.empty():
+            waker(self.session_id)
 
     def abandon(self) -> None:
         self.close()

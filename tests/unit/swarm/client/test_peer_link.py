@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import grpc
 import pytest
@@ -257,6 +258,22 @@ def test_a_session_error_fails_that_session_alone() -> None:
     messages = [next(call.requests) for _ in range(3)]
     assert [s.session_id for s in messages[2].steps.steps] == ["b"]
     assert b.answers.empty() and link.usable
+    link.close()
+
+
+def test_a_session_refused_before_anyone_listened_wakes_its_listener_at_once() -> None:
+    """The peer refused the session before the client engine set its waker: no later item will come for it, so
+    setting the waker must tell of the one waiting (the engine would otherwise wait out the step timeout)."""
+    link, call = _link()
+    session = _open(link, "a")
+    error = pb.SessionError(session_id="a", code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message="full")
+    call.responses.put(pb.SessionsResponse(error=error))
+    deadline = time.monotonic() + 10
+    while session.answers.empty() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    woken: list[str] = []
+    session.wake_with(woken.append)
+    assert woken == ["a"]
     link.close()
 
 
