@@ -53,6 +53,7 @@ class ClientEngine:
         self._running = False
         self._flights: dict[str, StepFlight] = {}  # each hop's session id -> the step in flight on it (loop only)
         self._checked_at = 0.0
+        self._next_due = 0.0  # when the next probe or lateness of a flight in flight is due (monotonic)
         self.steps = self.turns = self.alone = 0  # steps flown, loop turns that sent or advanced any, given back
 
     def step(self, session: FlightSession, hidden: torch.Tensor) -> torch.Tensor:
@@ -83,7 +84,8 @@ class ClientEngine:
                     if not self._flights and time.monotonic() - idle_since > IDLE_EXIT_S:
                         self._running = False
                         return
-                    self._turn.wait(LATE_CHECK_S if self._flights else IDLE_EXIT_S)
+                    due = max(self._next_due - time.monotonic(), 0.0)
+                    self._turn.wait(min(LATE_CHECK_S, due) if self._flights else IDLE_EXIT_S)
                 pending, self._pending = self._pending, []
                 arrived, self._arrived = self._arrived, set()
             try:
@@ -128,16 +130,20 @@ class ClientEngine:
                 flight.future.set_result(flight.hidden)
 
     def _give_back_late(self) -> None:
+        """Start the probes that are due and give back the late flights; at most every LATE_CHECK_S, and at once
+        when a probe or a lateness is due (`_next_due`), so that a frozen peer costs no more here than alone."""
         now = time.monotonic()
-        if now - self._checked_at < LATE_CHECK_S:
+        if now < self._next_due and now - self._checked_at < LATE_CHECK_S:
             return
-        self._checked_at = now
+        self._checked_at, self._next_due = now, float("inf")
         late: dict[int, StepFlight] = {}
         for flight in self._flights.values():
             if flight.answered is None and now >= flight.probe_at:
                 flight.start_probe()
             if now > flight.late_at:
                 late[id(flight)] = flight
+            due = flight.probe_at if flight.answered is None else flight.late_at
+            self._next_due = min(self._next_due, due)
         for flight in late.values():
             self._give_back(flight, late=True)
 
@@ -156,7 +162,7 @@ class ClientEngine:
             try:
                 if late:
                     flight.give_up_if_silent()
-                flight.future.set_result(flight.session.step_alone(flight.first))
+                flight.future.set_result(flight.session.step_alone(flight.first, resume=flight.resume()))
             except BaseException as error:
                 flight.future.set_exception(error)
 

@@ -30,3 +30,14 @@ def trimmed(inputs: list[torch.Tensor], tokens: int) -> list[torch.Tensor]:
         kept.append(piece if piece.shape[1] <= tokens else piece[:, :tokens])
         tokens -= piece.shape[1]
     return kept
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a step the client engine gave back goes on in InferenceSession.step_alone: at hop `index`, whose input
+    is `hidden`, under `step_id`; `staged` are the hops before it that answered, each with its input."""
+
+    index: int
+    hidden: torch.Tensor  # [batch, new_tokens, hidden]
+    step_id: int
+    staged: list[tuple[HopState, torch.Tensor]]

@@ -19,7 +19,7 @@ from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
 from swarm.client.checks import tolerance
 from swarm.client.client_engine import ClientEngine
-from swarm.client.hop_state import HopState, trimmed
+from swarm.client.hop_state import HopState, Resume, trimmed
 from swarm.client.metrics import ClientMetrics
 from swarm.client.pace import LATE_FLOOR_S, HopPace
 from swarm.client.prefix_reuse import PromptPrefix, attach_route, register_route
@@ -138,11 +138,8 @@ class InferenceSession:
         )  # fmt: skip
 
     def step(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor:
-        """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last output.
-        A plain step of a session on shared stubs goes with the other sessions of the process (client_engine.py);
-        the rest, and any step that meets a failure or a late answer there, run here alone (`step_alone`)."""
-        if self.engine is not None and self.batchable(hypo_ids):
-            return self.engine.step(self, hidden)
+        """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop in the calling thread (see
+        step_alone); many sessions driven from one loop step together through `engine` instead (lockstep.py)."""
         return self.step_alone(hidden, hypo_ids)
 
     def batchable(self, hypo_ids: Sequence[int] | None = None) -> bool:
@@ -150,8 +147,11 @@ class InferenceSession:
         plain = not self._checked_hypo_ids(hypo_ids) and self._verifier is None and self.position == self._length
         return plain and all(state.session.batched for state in self.hops)
 
-    def step_alone(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor:
-        """`step` in the calling thread, with failover: waits on each hop's answer and replaces a failed hop.
+    def step_alone(
+        self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None, resume: Resume | None = None
+    ) -> torch.Tensor:
+        """`step` in the calling thread, with failover: waits on each hop's answer and replaces a failed hop; from
+        `resume`'s hop on, for a plain step the client engine gave back (the hops before it answered).
 
         With push, the client sends the step to the first hop only, and each peer forwards its output to the next;
         the client still reads every hop's output (it is the next hop's replay history) and sends a step itself
@@ -162,10 +162,12 @@ class InferenceSession:
             InvalidArgument: `hypo_ids` does not name one row of the batch per row.
         """
         hypo = self._checked_hypo_ids(hypo_ids)
-        step_id, started = self.next_step_id(), time.perf_counter()
+        step_id, started = resume.step_id if resume else self.next_step_id(), time.perf_counter()
         verify = self._verifier is not None and self._verifier.wants() and not hypo and not self.hops[-1].missing
         index, must_send, tokens, first = 0, True, hidden.shape[1], hidden
         staged: list[tuple[HopState, torch.Tensor]] = []  # inputs to record once the whole step went through
+        if resume is not None:
+            index, hidden, staged = resume.index, resume.hidden, list(resume.staged)
         since = time.monotonic()  # when the hop got its input: sent now, or pushed when the previous answer came
         previous_s: float | None = None  # how long the previous hop took for this step
         while index < len(self.hops):

@@ -2,9 +2,9 @@
 peers from there), its answers taken as the streams deliver them, with no thread waiting on them.
 
 It takes the plain path only: each hop's answer in time. An error or a late answer ends the flight, and the session
-runs the step again on its own (InferenceSession.step_alone, in a thread of its own), which fails the hop over; the
-session's position moves only once a flight completes, so the step runs again from the same position under a new
-step id (the peers truncate what the abandoned flight added, and drop its late answers).
+goes on with the step on its own from the hop it waited on (InferenceSession.step_alone with `resume`, in a thread
+of its own), which fails that hop over or, for a busy one, sends it the step again under the same id (a peer runs
+a step id once) and waits as a lone session waits; the session's position moves only once the step is through.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from swarm._proto import swarm_pb2 as pb
-from swarm.client.hop_state import HopState
+from swarm.client.hop_state import HopState, Resume
 from swarm.client.metrics import ClientMetrics
 from swarm.client.span_session import PROBE_TIMEOUT_S
 from swarm.errors import DeadlineExceeded
@@ -39,7 +39,9 @@ class FlightSession(Protocol):
 
     def record(self, staged: list[tuple[HopState, torch.Tensor]], hypo: tuple[int, ...], tokens: int) -> None: ...
 
-    def step_alone(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor: ...
+    def step_alone(
+        self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None, resume: Resume | None = None
+    ) -> torch.Tensor: ...
 
 
 class StepFlight:
@@ -87,11 +89,15 @@ class StepFlight:
     def give_up_if_silent(self) -> None:
         """Called once late, in the thread the step goes on in: a hop that did not answer its probe (or that took the
         whole step timeout) is given up on: its session fails it over at once instead of waiting for it again. One
-        that answered is busy, not frozen: the step runs again and waits for it."""
+        that answered is busy, not frozen: the session sends it the step again under the same id and waits."""
         waited = time.monotonic() - self.since
         if waited >= self.session.step_timeout_s or self.answered is None or not self.answered():
             state = self.states[self.index]
             state.session.give_up(DeadlineExceeded(f"{state.hop.address}: no answer within {waited:.2f} s"))
+
+    def resume(self) -> Resume:
+        """Where the session's own step goes on: at the hop waited on, the hops before it answered."""
+        return Resume(self.index, self.hidden, self.step_id, self.staged)
 
     def _send(self, index: int) -> None:
         state = self.states[index]
