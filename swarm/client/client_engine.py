@@ -1,13 +1,13 @@
-"""The client engine (issue 37, item 1): the plain steps of every session a process drives, from whatever thread,
-go through one loop. Each turn it sends the steps that arrived meanwhile, those bound for the same peer as one
-StepBatch (peer_link.gathered), and takes the answers the streams' readers delivered, advancing each step to its
-next hop or completing it. No thread per session waits on an answer; a waiting caller is woken once, with its
-output.
+"""The client engine (issue 37, item 1): the plain steps of every session a process drives, from whatever thread or
+from one loop (lockstep.py), go through one loop. Each turn it sends the steps that arrived meanwhile, those bound
+for the same peer as one StepBatch (peer_link.gathered), and takes the answers the streams' readers delivered,
+advancing each step to its next hop or completing it. No thread per session waits on an answer; a waiting caller
+is woken once, with its output.
 
-A step that meets an error or a late answer leaves the loop: its session runs it again alone, in a thread of its
-own, with the failover of InferenceSession.step_alone, so no session waits for another's failover. The sessions on
-one PeerStubs (a DistributedModel's, an API replica's, a benchmark's) share one engine (`shared`); its thread
-starts with the first step and ends after IDLE_EXIT_S without one.
+A step that meets an error or a late answer leaves the loop: its session goes on with it alone from the hop it
+waited on (InferenceSession.step_alone with `resume`), in a thread of its own, with failover, so no session waits
+for another's failover. The sessions on one PeerStubs (a DistributedModel's, an API replica's, a benchmark's)
+share one engine (`shared`); its thread starts with the first step and ends after IDLE_EXIT_S without one.
 """
 
 from __future__ import annotations

@@ -138,8 +138,12 @@ class InferenceSession:
         )  # fmt: skip
 
     def step(self, hidden: torch.Tensor, hypo_ids: Sequence[int] | None = None) -> torch.Tensor:
-        """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop in the calling thread (see
-        step_alone); many sessions driven from one loop step together through `engine` instead (lockstep.py)."""
+        """Run new tokens' hidden states [batch, new_tokens, hidden] through every hop; returns the last hop's
+        output. A plain step goes with the other sessions' of the process through the client engine (one message
+        per peer for the steps that meet there, client_engine.py); a reordering, rolling-back or verified step runs
+        alone in the calling thread (step_alone). Either way with failover, and the same output."""
+        if self.engine is not None and self.batchable(hypo_ids):
+            return self.engine.step(self, hidden)
         return self.step_alone(hidden, hypo_ids)
 
     def batchable(self, hypo_ids: Sequence[int] | None = None) -> bool:
