@@ -20,7 +20,8 @@ which peer holds which adapter version; prompts.py: PromptTuning; deep_prompts.p
 head_batching.py: SharedHead (one batched LM head for every concurrent session of a process); client_engine.py:
 ClientEngine (the plain steps of every session of a process through one loop); step_flight.py: one step on that
 loop's path; hop_state.py: what a session keeps per hop; lockstep.py: many sessions' generations from one loop, one
-LM head per turn.
+LM head per turn; decode_batcher.py: DecodeBatcher (every thread's generate() calls on a model decoded in one loop,
+one LM head per turn, each call's own sampling).
 """
 
 from __future__ import annotations

@@ -95,6 +95,47 @@ def resolved_params(prompt: int, config: Any, kwargs: dict[str, Any]) -> Generat
     )
 
 
+class Decoding:
+    """One generate() call's decoding, a token at a time: its processors, sampler, stopping criteria and streamer.
+    decode_loop drives one in the calling thread; the model's shared loop (decode_batcher.py) drives many, with one
+    LM head per turn. Either way the same tokens come out of the same logits."""
+
+    def __init__(
+        self,
+        history: torch.Tensor,
+        new_ids: torch.Tensor,
+        params: GenerationParams,
+        streamer: Any | None = None,
+        logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = (),
+        stopping_criteria: Sequence[Callable[..., Any]] = (),
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.params, self.generator = params, generator
+        self.process = logits_processors(params, logits_processor)
+        seen = torch.cat([history, new_ids], dim=1)
+        self.emit = _Emitter(params, seen, new_ids.shape[0], streamer, stopping_criteria)
+        self.feed = new_ids  # the ids the session is fed next: the prompt, then each step's tokens
+        self._none = new_ids[:, :0]
+
+    @property
+    def done(self) -> bool:
+        return self.emit.done
+
+    def take(self, logits: torch.Tensor) -> None:
+        """Choose the next tokens from the logits [batch, vocab] after `feed`; they become the next `feed`."""
+        scores = self.process(self.emit.seen, logits.float())
+        if self.params.do_sample:
+            tokens = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=self.generator).squeeze(1)
+        else:
+            tokens = scores.max(dim=-1).indices  # argmax's tokens (the first highest), 3x faster on a CPU
+        self.emit.tokens(tokens[:, None], scores[:, None])
+        self.feed = self.emit.seen[:, -1:]  # the token as emitted (pad once a row has ended)
+
+    def generated(self) -> torch.Tensor:
+        """The tokens generated so far [batch, <= max_new_tokens]."""
+        return torch.stack(self.emit.generated, dim=1) if self.emit.generated else self._none
+
+
 @torch.inference_mode()
 def decode_loop(
     step: Callable[[torch.Tensor], torch.Tensor],
@@ -113,20 +154,10 @@ def decode_loop(
     (Hugging Face's StoppingCriteria, called with every id so far and the scores) ends a sequence when one says so;
     `generator` draws the samples (a seeded torch.Generator makes sampling repeatable whatever other threads draw).
     Returns the generated tokens [batch, <= max_new_tokens]."""
-    process = logits_processors(params, logits_processor)
-    emit = _Emitter(params, torch.cat([history, new_ids], dim=1), new_ids.shape[0], streamer, stopping_criteria)
-    feed = new_ids
-    while not emit.done:
-        scores = process(emit.seen, step(feed).float())
-        if params.do_sample:
-            tokens = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
-        else:
-            tokens = scores.max(dim=-1).indices  # argmax's tokens (the first highest), 3x faster on a CPU
-        emit.tokens(tokens[:, None], scores[:, None])
-        feed = emit.seen[:, -1:]  # the token as emitted (pad once a row has ended)
-    if not emit.generated:
-        return new_ids[:, :0]
-    return torch.stack(emit.generated, dim=1)
+    decoding = Decoding(history, new_ids, params, streamer, logits_processor, stopping_criteria, generator)
+    while not decoding.done:
+        decoding.take(step(decoding.feed))
+    return decoding.generated()
 
 
 @dataclass

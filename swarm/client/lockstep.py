@@ -4,13 +4,15 @@ the steps on through the client engine (client_engine.py), which carries those b
 message. The sessions stay in step: a peer sees them as a few large batches rather than many small ones, and no
 Python thread per session wakes up for each token.
 
-A session whose step cannot go with the engine's (a rollback, reordered rows, verification) runs it alone, at once;
-a step that fails over does so in a thread of its own, and its session rejoins the loop when it is done.
+A session whose step cannot go with the engine's (a rollback, reordered rows, verification) runs it alone in a
+thread of its own, as a step that fails over does; its session rejoins the loop when it is done. The model's own
+decoding loop (decode_batcher.py) takes its turns the same way (`next_wave`, `submitted`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
@@ -48,10 +50,10 @@ def generate_together(
     tokens: list[list[int]] = [[] for _ in sessions]
     flying: dict[Future, int] = {}
     for index, (session, prompt) in enumerate(zip(sessions, prompts, strict=True)):
-        flying[_submit(session, head.embed(prompt))] = index
+        flying[submitted(session, head.embed(prompt))] = index
     failure: BaseException | None = None
     while flying:
-        done = _turn(flying)
+        done = next_wave(flying)
         came_back, outputs = [], []
         for future in done:
             index = flying.pop(future)
@@ -74,19 +76,23 @@ def generate_together(
         if going:
             embedded = head.embed(chosen[going].unsqueeze(1))  # [rows, 1, hidden]
             for row, inputs in zip(going, embedded, strict=True):
-                flying[_submit(sessions[came_back[row]], inputs.unsqueeze(0))] = came_back[row]
+                flying[submitted(sessions[came_back[row]], inputs.unsqueeze(0))] = came_back[row]
     if failure is not None:
         raise failure
     return tokens
 
 
-def _turn(flying: dict[Future, int]) -> set[Future]:
-    """The steps of the next turn: at least one; more, up to a 1/WAVES share of those in flight, while they keep
-    coming back within HOLD_S of each other. A few large waves rather than many small ones travel the pipeline:
-    a peer's iteration costs nearly as much for 8 rows as for 64, and WAVES of them keep each stage busy."""
+def next_wave(flying: Collection[Future], doorbell: Future | None = None) -> set[Future]:
+    """The steps of the next turn: at least one (or none, when `doorbell` rings first: the caller has new steps to
+    send); more, up to a 1/WAVES share of those in flight, while they keep coming back within HOLD_S of each other.
+    A few large waves rather than many small ones travel the pipeline: a peer's iteration costs nearly as much for 8
+    rows as for 64, and WAVES of them keep each stage busy."""
     goal = -(-len(flying) // WAVES)
-    done, rest = wait(list(flying), return_when=FIRST_COMPLETED)
-    while len(done) < goal and rest:
+    first = [*flying, doorbell] if doorbell is not None else list(flying)
+    done, rest = wait(first, return_when=FIRST_COMPLETED)
+    done.discard(doorbell)
+    rest.discard(doorbell)
+    while done and len(done) < goal and rest:
         more, rest = wait(rest, timeout=HOLD_S, return_when=FIRST_COMPLETED)
         if not more:
             break
@@ -94,13 +100,19 @@ def _turn(flying: dict[Future, int]) -> set[Future]:
     return done
 
 
-def _submit(session: InferenceSession, hidden: torch.Tensor) -> Future:
+def submitted(session: InferenceSession, hidden: torch.Tensor) -> Future:
+    """The session's step for `hidden`, under way: through its client engine, or alone in a thread of its own (a
+    step that cannot go with the engine's), so that the loop that submits it never waits on it."""
     engine = session.engine
     if engine is not None and session.batchable():
         return engine.submit(session, hidden)
     future: Future = Future()
-    try:
-        future.set_result(session.step_alone(hidden))
-    except BaseException as error:
-        future.set_exception(error)
+
+    def alone() -> None:
+        try:
+            future.set_result(session.step_alone(hidden))
+        except BaseException as error:
+            future.set_exception(error)
+
+    threading.Thread(target=alone, name="step-alone", daemon=True).start()
     return future

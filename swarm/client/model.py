@@ -23,8 +23,9 @@ from transformers.generation.utils import GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from swarm.client.arguments import check_loop_arguments, check_session_shape, checked_input_ids
+from swarm.client.decode_batcher import DecodeBatcher
 from swarm.client.drafters import DraftModels
-from swarm.client.generate import GenerationParams, Speculation, decode_loop, resolved_params, speculative_decode_loop
+from swarm.client.generate import Decoding, GenerationParams, Speculation, resolved_params, speculative_decode_loop
 from swarm.client.head_batching import SharedHead
 from swarm.client.metrics import ClientMetrics
 from swarm.client.model_session import ModelSession
@@ -66,6 +67,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.context_length = int(getattr(self.config, "max_position_embeddings", None) or DEFAULT_CONTEXT_LENGTH)
         self.head = load_client_head(path)
         self.shared_head = SharedHead(self.head)  # generation's logits, batched across concurrent sessions
+        self.decode_batcher = DecodeBatcher(self.head)  # generate()'s tokens, one loop for every thread's calls
         self.registry = Registry(initial_peers, host=config.dht_host, client_mode=True, credentials=self.credentials)
         name = config.model_name or Path(path).name
         self.prefix_salt = (config.prefix_salt or new_salt()) if config.prefix_cache else b""
@@ -281,8 +283,8 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         try:
             length = input_ids.shape[1] + params.max_new_tokens
             with self._session_for(session, input_ids.shape[0], length, adapter) as turn:
-                extras = (logits_processor or (), stopping_criteria or (), generator)
-                new = self._decode(turn, input_ids, params, streamer, speculation, *extras)
+                extras = (streamer, logits_processor or (), stopping_criteria or (), generator)
+                new = self._decode(turn, input_ids, params, speculation, extras)
         finally:
             if streamer is not None:
                 streamer.end()
@@ -363,18 +365,15 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         session: ModelSession,
         input_ids: torch.Tensor,
         params: GenerationParams,
-        streamer: Any | None,
         speculation: tuple[str, int],
-        logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
-        stopping_criteria: Sequence[Callable[..., Any]],
-        generator: torch.Generator | None,
+        extras: tuple[Any, Sequence[Callable], Sequence[Callable], torch.Generator | None],
     ) -> torch.Tensor:
-        """The new tokens [batch, <= max_new_tokens] after input_ids, fed to `session` after last turn's last token."""
+        """The new tokens [batch, <= max_new_tokens] after input_ids, fed to `session` after last turn's last token;
+        `extras`: the streamer, logits processors, stopping criteria and generator, as decode_loop takes them."""
         feed = torch.cat([session.pending, input_ids], dim=1)
-        extras = (streamer, logits_processor, stopping_criteria, generator)
         kind, k = speculation
         if not kind:
-            new = decode_loop(session.next_logits, session.tokens, feed, params, *extras)
+            new = self.decode_batcher.decode(session, Decoding(session.tokens, feed, params, *extras))
         else:
             drafts = Speculation(
                 self._draft_models.drafter_for(kind, self.head.lm_head.out_features),

@@ -88,16 +88,22 @@ class ModelSession:
             self.session.rollback(self.position - count)
             self.tokens = self.tokens[:, : self.position]
 
+    def check_room(self, tokens: int) -> None:
+        """Raises InvalidRequest when `tokens` more would not fit in the session's max_length."""
+        if self.position + tokens > self.max_length:
+            raise InvalidRequest(f"{self.position + tokens} tokens exceed the session's max_length {self.max_length}")
+
+    def fed(self, ids: torch.Tensor) -> None:
+        """ids [batch, n] went through every peer of the session (the shared decoding loop stepped them)."""
+        self.tokens = torch.cat([self.tokens, ids], dim=1)
+
     def _append(self, ids: torch.Tensor, reusable: int = 0) -> torch.Tensor:
         """Feed ids [batch, n]; the hidden states after ids[:, held:], where the peers held the first `held` (at most
         `reusable`: those whose outputs the caller does not need) from their prefix caches."""
-        if self.position + ids.shape[1] > self.max_length:
-            raise InvalidRequest(
-                f"{self.position + ids.shape[1]} tokens exceed the session's max_length {self.max_length}"
-            )
+        self.check_room(ids.shape[1])
         held = self._start_from_cache(ids, reusable) if self.position == 0 else 0
         hidden = self.session.step(self.model.head.embed(ids[:, held:]))
-        self.tokens = torch.cat([self.tokens, ids], dim=1)
+        self.fed(ids)
         return hidden
 
     def _start_from_cache(self, ids: torch.Tensor, reusable: int) -> int:
