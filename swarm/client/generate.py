@@ -98,7 +98,13 @@ def resolved_params(prompt: int, config: Any, kwargs: dict[str, Any]) -> Generat
 class Decoding:
     """One generate() call's decoding, a token at a time: its processors, sampler, stopping criteria and streamer.
     decode_loop drives one in the calling thread; the model's shared loop (decode_batcher.py) drives many, with one
-    LM head per turn. Either way the same tokens come out of the same logits."""
+    LM head per turn. Either way the same tokens come out of the same logits.
+
+    It generates after `new_ids` [batch, n]; `history` [batch, m] holds tokens the session already saw (for the
+    repetition penalty). `logits_processor` runs after the repetition penalty and before the sampling warpers;
+    `stopping_criteria` (Hugging Face's StoppingCriteria, called with every id so far and the scores) ends a
+    sequence when one says so; `generator` draws the samples (a seeded torch.Generator makes sampling repeatable
+    whatever other threads draw)."""
 
     def __init__(
         self,
@@ -137,24 +143,9 @@ class Decoding:
 
 
 @torch.inference_mode()
-def decode_loop(
-    step: Callable[[torch.Tensor], torch.Tensor],
-    history: torch.Tensor,
-    new_ids: torch.Tensor,
-    params: GenerationParams,
-    streamer: Any | None = None,
-    logits_processor: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = (),
-    stopping_criteria: Sequence[Callable[..., Any]] = (),
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Generate after `new_ids` [batch, n]; `history` [batch, m] holds tokens the session already saw (for the
-    repetition penalty). `step(ids)` returns next-token logits [batch, vocab] for ids appended to the session.
-
-    `logits_processor` runs after the repetition penalty and before the sampling warpers; `stopping_criteria`
-    (Hugging Face's StoppingCriteria, called with every id so far and the scores) ends a sequence when one says so;
-    `generator` draws the samples (a seeded torch.Generator makes sampling repeatable whatever other threads draw).
-    Returns the generated tokens [batch, <= max_new_tokens]."""
-    decoding = Decoding(history, new_ids, params, streamer, logits_processor, stopping_criteria, generator)
+def decode_loop(step: Callable[[torch.Tensor], torch.Tensor], decoding: Decoding) -> torch.Tensor:
+    """Run `decoding` to its end in the calling thread: `step(ids)` appends ids [batch, n] to the session and
+    returns the logits [batch, vocab] after the last one. Returns the generated tokens [batch, <= max_new_tokens]."""
     while not decoding.done:
         decoding.take(step(decoding.feed))
     return decoding.generated()

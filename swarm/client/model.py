@@ -369,7 +369,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         extras: tuple[Any, Sequence[Callable], Sequence[Callable], torch.Generator | None],
     ) -> torch.Tensor:
         """The new tokens [batch, <= max_new_tokens] after input_ids, fed to `session` after last turn's last token;
-        `extras`: the streamer, logits processors, stopping criteria and generator, as decode_loop takes them."""
+        `extras`: the streamer, logits processors, stopping criteria and generator, as Decoding takes them."""
         feed = torch.cat([session.pending, input_ids], dim=1)
         kind, k = speculation
         if not kind:

@@ -292,3 +292,54 @@ def test_a_session_refuses_a_second_thread_while_it_generates(model, reference) 
     with model.inference_session(max_length=64) as session:
         model.generate(input_ids, max_new_tokens=2, streamer=SecondThread())
     assert isinstance(refused[0], InvalidRequest), refused
+
+
+def in_session(model, ids: torch.Tensor, **options) -> torch.Tensor:
+    """A generate() call in a session of its own: RaySwarm's decoding loop, the model's one shared loop."""
+    with model.inference_session(max_length=ids.shape[1] + THREAD_TOKENS) as session:
+        return model.generate(ids, max_new_tokens=THREAD_TOKENS, session=session, **options)
+
+
+def test_concurrent_calls_share_one_decoding_loop_and_each_equals_hugging_face_alone(model, reference) -> None:
+    """32 threads' calls decode in the model's one loop (swarm/client/decode_batcher.py): one LM head per turn over
+    the rows that came back, each call's own choice of tokens. Each equals transformers' generate alone."""
+    local, tokenizer = reference
+    prompts = [tokenizer(prompt, return_tensors="pt").input_ids for prompt in THREAD_PROMPTS]
+    with torch.inference_mode():
+        expected = [local.generate(ids, max_new_tokens=THREAD_TOKENS, do_sample=False) for ids in prompts]
+    turns = model.decode_batcher.turns
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda ids: in_session(model, ids), prompts))
+    for prompt, want, got in zip(THREAD_PROMPTS, expected, together, strict=True):
+        assert torch.equal(got, want), (prompt, tokenizer.decode(got[0]), tokenizer.decode(want[0]))
+    # A call's first token comes from its own prefill, the rest from the loop: 96 picks. Alone each pick would be a
+    # turn; together a turn takes up to half of the calls in flight.
+    picks, taken = len(prompts) * (THREAD_TOKENS - 1), model.decode_batcher.turns - turns
+    assert 0 < taken <= picks // 4, f"{taken} turns for {picks} picks"
+
+
+class FailsAtStep:
+    """A logits processor that raises on its n-th call: a bug in one request's own code."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.calls = at, 0
+
+    def __call__(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError("this call's processor failed")
+        return scores
+
+
+def test_a_call_whose_processor_raises_in_the_shared_loop_fails_alone(model, reference) -> None:
+    _, tokenizer = reference
+    prompts = [tokenizer(prompt, return_tensors="pt").input_ids for prompt in THREAD_PROMPTS[:8]]
+    alone = [in_session(model, ids) for ids in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        failing = pool.submit(in_session, model, prompts[0], logits_processor=[FailsAtStep(3)])
+        others = [pool.submit(in_session, model, ids) for ids in prompts[1:]]
+        with pytest.raises(RuntimeError, match="this call's processor failed"):
+            failing.result(timeout=120)
+        for future, expected in zip(others, alone[1:], strict=True):
+            assert torch.equal(future.result(timeout=120), expected)
+    assert torch.equal(in_session(model, prompts[0]), alone[0])  # the loop still serves

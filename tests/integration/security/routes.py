@@ -9,7 +9,7 @@ import torch
 
 from peers.server import PeerServer
 from swarm.client import InferenceSession
-from swarm.client.generate import GenerationParams, decode_loop
+from swarm.client.generate import Decoding, GenerationParams, decode_loop
 from swarm.codec import CodecId
 from swarm.partition import ClientHead
 from swarm.router import Bans, MinLatencyRouter
@@ -37,7 +37,7 @@ def greedy(head: ClientHead, session: InferenceSession, prompt: torch.Tensor, ne
     def next_logits(ids: torch.Tensor) -> torch.Tensor:
         return head.logits(session.step(head.embed(ids))[:, -1])
 
-    return decode_loop(next_logits, prompt[:, :0], prompt, GenerationParams(max_new_tokens=new_tokens))
+    return decode_loop(next_logits, Decoding(prompt[:, :0], prompt, GenerationParams(max_new_tokens=new_tokens)))
 
 
 def generate(

@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from swarm.client.drafters import DraftModel, PromptLookup, lookup
 from swarm.client.generate import (
+    Decoding,
     GenerationParams,
     Speculation,
     decode_loop,
@@ -62,7 +63,7 @@ class LocalSession:
 
 def plain(model, prompt: torch.Tensor, params: GenerationParams, generator=None) -> torch.Tensor:
     session = LocalSession(model, prompt.shape[0])
-    return decode_loop(session.next_logits, prompt[:, :0], prompt, params, generator=generator)
+    return decode_loop(session.next_logits, Decoding(prompt[:, :0], prompt, params, generator=generator))
 
 
 def speculative(model, prompt, params, drafter, k: int = 4, generator=None, stats=None) -> torch.Tensor:
