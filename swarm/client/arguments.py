@@ -57,6 +57,23 @@ def check_session_shape(max_length: object, batch_size: object, context_length: 
         raise InvalidArgument("batch_size", f"must be >= 1, got {batch_size}")
 
 
+# Generation config entries that change nothing RaySwarm's loop would do otherwise (besides LOOP_ARGUMENTS).
+_INERT_CONFIG = frozenset({"bos_token_id", "use_cache", "transformers_version", "_from_model_config"})
+
+
+def loop_gives_the_same(config: Any, logits_processor: Any, stopping_criteria: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether RaySwarm's decoding loop gives a plain generate() call transformers' own tokens, so that it can run
+    in the model's shared loop: only LOOP_ARGUMENTS, no padding, no processor or criterion of the caller's (whose
+    order among transformers' own differs), and a generation config (`config`) that sets nothing else."""
+    if logits_processor or stopping_criteria or not set(kwargs) <= LOOP_ARGUMENTS:
+        return False
+    mask = kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        return False
+    set_in_config = config.to_diff_dict().items()
+    return all(key in LOOP_ARGUMENTS or key in _INERT_CONFIG or not value for key, value in set_in_config)
+
+
 def check_loop_arguments(kwargs: dict[str, Any]) -> None:
     """RaySwarm's decoding loop takes LOOP_ARGUMENTS and no padding; anything else is refused by name."""
     unknown = sorted(set(kwargs) - LOOP_ARGUMENTS)

@@ -13,6 +13,8 @@ from swarm.client.drafters import Drafter
 from swarm.client.speculative import DraftLength, verify
 from swarm.errors import InvalidArgument
 
+HF_TOP_K = 50  # what transformers samples with when neither the call nor the generation config sets top_k
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationParams:
@@ -72,7 +74,8 @@ def logits_processors(
 def resolved_params(prompt: int, config: Any, kwargs: dict[str, Any]) -> GenerationParams:
     """The sampling arguments of a generate() call as transformers resolves them: the call's (`kwargs`), else the
     generation config's; checked, so a bad value is an InvalidArgument before anything runs. An unset
-    max_new_tokens follows max_length (20 by default), counted from the `prompt`'s length, as in transformers."""
+    max_new_tokens follows max_length (20 by default), counted from the `prompt`'s length, and an unset top_k is
+    transformers' 50, as in transformers."""
 
     def value(name: str) -> Any:
         return kwargs[name] if kwargs.get(name) is not None else getattr(config, name, None)
@@ -87,7 +90,7 @@ def resolved_params(prompt: int, config: Any, kwargs: dict[str, Any]) -> Generat
         max_new,
         bool(value("do_sample")),
         1.0 if value("temperature") is None else value("temperature"),
-        value("top_k") or 0,
+        HF_TOP_K if value("top_k") is None else value("top_k"),
         1.0 if value("top_p") is None else value("top_p"),
         1.0 if value("repetition_penalty") is None else value("repetition_penalty"),
         eos_ids,

@@ -22,7 +22,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.utils import GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from swarm.client.arguments import check_loop_arguments, check_session_shape, checked_input_ids
+from swarm.client.arguments import check_loop_arguments, check_session_shape, checked_input_ids, loop_gives_the_same
 from swarm.client.decode_batcher import DecodeBatcher
 from swarm.client.drafters import DraftModels
 from swarm.client.generate import Decoding, GenerationParams, Speculation, resolved_params, speculative_decode_loop
@@ -260,7 +260,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         sampling, in fewer round trips. `speculation_stats()` counts drafted and accepted tokens. `adapter="name"` (a
         LoRA adapter peers serve, see inference_session) runs the new session with it, batched with others on peers.
 
-        Thread-safe: concurrent calls on one model each run their own sessions.
+        Thread-safe: concurrent calls run their own sessions, in the model's one loop where it gives the same tokens.
 
         Raises:
             InvalidArgument: bad input ids or sampling arguments, an unknown `speculative` kind, a draft path that
@@ -271,9 +271,11 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         adapter, input_ids = kwargs.pop("adapter", ""), inputs if inputs is not None else kwargs.pop("input_ids", None)
         continuing = (session or self.active_session) is not None  # a turn in a session may add no tokens
         input_ids = checked_input_ids(input_ids, self.head.embed_tokens.num_embeddings, empty_ok=continuing)
-        params = resolved_params(input_ids.shape[1], generation_config or self.generation_config, kwargs)
+        config = generation_config or self.generation_config
+        params = resolved_params(input_ids.shape[1], config, kwargs)
         speculation = self._speculation(speculative, num_speculative_tokens)
-        if session is None and self.active_session is None and generator is None and not (speculation[0] or adapter):
+        extended = (session or self.active_session or generator) is not None or bool(speculation[0] or adapter)
+        if not extended and not loop_gives_the_same(config, logits_processor, stopping_criteria, kwargs):
             return self._generate_with_transformers(
                 input_ids, generation_config, logits_processor, stopping_criteria, streamer, kwargs
             )
@@ -352,9 +354,8 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
 
     def _speculation(self, speculative: str | None, num_speculative_tokens: int | None) -> tuple[str, int]:
         """The speculative kind and draft length a generate() call asked for (ClientConfig's by default), checked."""
-        config = self.client_config
-        kind = config.speculative if speculative is None else speculative
-        k = config.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+        kind = self.client_config.speculative if speculative is None else speculative
+        k = self.client_config.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
         check_speculative(kind, k)
         if kind:
             self._draft_models.check(kind)
