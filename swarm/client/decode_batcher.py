@@ -5,13 +5,15 @@ with its own generator, its stopping criteria and streamer: generate.py), embeds
 hands the steps to the client engine (client_engine.py), which sends those bound for one peer as one message.
 Per-token Python work is paid once per turn, not once per call in a thread of its own.
 
-The caller's thread runs the prompt's step itself (the prefix cache, a long prefill, its first token), then waits.
+The caller's thread runs the prompt's step itself (the prefix cache, a long prefill, its first token), then waits;
+its processors and streamer run in a copy of its context (a streamer may read the model's active_session).
 An error stays with its call: a step that fails for good, or a processor or streamer that raises, ends that call
 alone; the others go on.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -38,6 +40,7 @@ class _Call:
     session: ModelSession
     decoding: Decoding
     done: Future  # its caller waits on it
+    context: contextvars.Context  # the caller's: its processors and streamer see what they would in its thread
 
 
 class DecodeBatcher:
@@ -61,7 +64,7 @@ class DecodeBatcher:
             with torch.inference_mode():
                 decoding.take(session.next_logits(decoding.feed))
         if not decoding.done:
-            call = _Call(session, decoding, Future())
+            call = _Call(session, decoding, Future(), contextvars.copy_context())
             with self._lock:
                 self._arrived.append(call)
                 if not self._doorbell.done():
@@ -139,7 +142,7 @@ class DecodeBatcher:
             rows = logits[start : start + output.shape[0]]
             start += output.shape[0]
             try:
-                call.decoding.take(rows)
+                call.context.run(call.decoding.take, rows)
             except BaseException as error:  # this call's processor, criterion or streamer: its failure alone
                 call.done.set_exception(error)
                 continue

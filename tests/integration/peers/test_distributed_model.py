@@ -343,3 +343,22 @@ def test_a_call_whose_processor_raises_in_the_shared_loop_fails_alone(model, ref
         for future, expected in zip(others, alone[1:], strict=True):
             assert torch.equal(future.result(timeout=120), expected)
     assert torch.equal(in_session(model, prompts[0]), alone[0])  # the loop still serves
+
+
+def test_a_streamer_run_by_the_shared_loop_sees_the_callers_active_session(model, reference) -> None:
+    """Processors and streamers run in the loop's thread, in the caller's context: what they read of the calling
+    thread (its `with model.inference_session()`) is what they would read there (the chaos suite's trigger does)."""
+    _, tokenizer = reference
+    ids = tokenizer(THREAD_PROMPTS[0], return_tensors="pt").input_ids
+    seen = []
+
+    class Peek:
+        def put(self, tokens: torch.Tensor) -> None:
+            seen.append(model.active_session)
+
+        def end(self) -> None:
+            pass
+
+    with model.inference_session(max_length=ids.shape[1] + THREAD_TOKENS) as session:
+        model.generate(ids, max_new_tokens=THREAD_TOKENS, streamer=Peek())
+    assert len(seen) == THREAD_TOKENS + 1 and all(active is session for active in seen)
