@@ -87,14 +87,16 @@ class DecodeBatcher:
                 if self._doorbell.done():
                     self._doorbell = Future()
                 doorbell = self._doorbell
+            going: list[_Call] = []  # the calls that chose their tokens this turn, until their steps are sent
             try:
                 with torch.inference_mode():
                     self._send(arrived, flying)
                     if flying:
-                        self._send(self._take(next_wave(flying, doorbell), flying), flying)
+                        going = self._take(next_wave(flying, doorbell), flying)
+                        self._send(going, flying)
             except BaseException as error:  # a bug of this loop: its calls fail rather than wait forever
                 logger.exception("the decoding loop's turn failed; its calls fail")
-                for call in [*arrived, *flying.values()]:
+                for call in [*arrived, *going, *flying.values()]:
                     if not call.done.done():
                         call.done.set_exception(error)
                 flying.clear()
@@ -136,7 +138,12 @@ class DecodeBatcher:
         if not came:
             return []
         self.turns += 1
-        logits = self.head.logits(torch.cat(outputs))
+        try:
+            logits = self.head.logits(torch.cat(outputs))
+        except BaseException as error:  # a bug: the turn's calls fail, rather than wait forever (_run logs it)
+            for call in came:
+                call.done.set_exception(error)
+            raise
         going, start = [], 0
         for call, output in zip(came, outputs, strict=True):
             rows = logits[start : start + output.shape[0]]
