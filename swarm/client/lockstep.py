@@ -110,7 +110,8 @@ def submitted(session: InferenceSession, hidden: torch.Tensor) -> Future:
 
     def alone() -> None:
         try:
-            future.set_result(session.step_alone(hidden))
+            with torch.inference_mode():  # a new thread's grad mode is on; the loop's steps are inference
+                future.set_result(session.step_alone(hidden))
         except BaseException as error:
             future.set_exception(error)
 
