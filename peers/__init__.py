@@ -10,13 +10,13 @@ to the next peer; push_targets.py: the next peers it may push to. Batched infere
 the `Sessions` stream (many sessions of one client, stepped together); stream_records.py: what it keeps per session
 and step; step_batches.py: a batch's tensor cut per
 step, chunked batches, AnswerBatch and SessionError messages; push_batch.py: PushBatch's delivery into the streams.
-The token path below the service: engine.py: the loop (schedule, run, complete futures); engine_records.py: what it
-keeps per session and step; engine_pages.py: pages per iteration (admission, preemption, beams, idle closes);
-engine_prefix.py: sessions that start from cached pages and index theirs; prefix_cache.py: the prefix cache's index
-and its evictable pages;
-scheduler.py: what runs next (token budget, chunking, forward batching); model_runner.py: one ragged batch per
-iteration through the span; paged_attention.py: attention over the pages; kv_cache.py: the page pool and page
-tables; task_runner.py: forward and backward tasks on tensors.
+The token path below the service: engine.py: the loop (schedule, run, complete futures), its lock, tensors and
+futures; scheduler.py: the sessions and their pages (admission, preemption, beams, idle closes) and what runs next
+(token budget, chunking, forward batching); engine_records.py: what they keep per session and step; futures.py:
+futures callers cannot cancel; rates.py: the engine's moving rates; prefix_attach.py: sessions that start from
+cached pages and index theirs; prefix_cache.py: the prefix cache's index and its evictable pages; model_runner.py:
+one ragged batch per iteration through the span; paged_attention.py: attention over the pages; kv_cache.py: the page
+pool and page tables; task_runner.py: forward and backward tasks on tensors.
 Adapters: lora.py: LoRA deltas on a span's linear layers and the uploads' cache; adapter_service.py: LoadAdapter;
 adapter_budget.py: bytes of uploads per uploader; served_adapters.py: named adapters for inference sessions.
 metrics.py: Prometheus; placement.py: which blocks to take and whether to move; memory.py: how many blocks fit;

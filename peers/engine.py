@@ -1,10 +1,11 @@
 """The peer's engine: one loop that runs every open session's ready step as one batched forward of the span.
 
-`service -> engine (scheduler + KV pages) -> model runner`. The service opens sessions, hands in steps and waits on
-their futures; each iteration the loop lets the scheduler (peers/scheduler.py) pick the steps and chunks that fit
-the token budget, takes KV pages for them (preempting the most recently admitted sessions when pages run out),
-and runs them together through the model runner (peers/model_runner.py). Forward and backward tasks run when no
-step is ready. Sessions idle for longer than `session_idle_s` are closed and their pages returned.
+`service -> engine -> scheduler, model runner`, as vLLM v1 splits them. The service opens sessions, hands in steps
+and waits on their futures. Each turn of the loop: schedule (peers/scheduler.py picks the steps and chunks that fit
+the token budget and takes their KV pages: admission, preemption, beam forks, idle closes are all its), run (the
+chunks' hidden states and page tables as one forward of the span through peers/model_runner.py), complete (each
+finished step's future). Forward and backward tasks run when no step is ready. The engine holds the lock, the
+tensors and the futures; the scheduler, the sessions and their pages.
 
 One client never breaks another's session: a session closed while an iteration computes on it gives its pages
 back only once that iteration is over; a step the span cannot compute fails alone (its batch is rerun without it);
@@ -14,7 +15,6 @@ If the loop ever dies anyway, everything waiting fails with PeerUnavailable and 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
-from peers.engine_pages import SessionPages
-from peers.engine_prefix import SessionPrefixes
-from peers.engine_records import EngineConfig, EngineSession, Step
-from peers.kv_cache import Sequence
+from peers.engine_records import EngineConfig, Lost, Step
+from peers.futures import reject, resolve
 from peers.lora import LoraWeights
 from peers.metrics import PeerMetrics
 from peers.model_runner import ModelRunner, Piece
-from peers.scheduler import Chunk, MovingAverage, RateMeter, Task, TaskKind, TaskQueue, reject, resolve
+from peers.prefix_attach import PrefixRequest
+from peers.rates import MovingAverage, RateMeter
+from peers.scheduler import Chunk, Scheduler, Task, TaskKind, TaskQueue
 from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, SessionNotFound, SwarmError
 
 logger = logging.getLogger(__name__)
@@ -41,8 +41,8 @@ LostHandler = Callable[[str, SwarmError], None]  # a session the engine closed o
 REAP_PERIOD_S = 1.0  # how often the loop looks for idle sessions when nothing else wakes it
 
 
-class Engine(SessionPages, SessionPrefixes):
-    """Sessions, their pages and the loop. Thread-safe: the service calls it from many RPC threads."""
+class Engine:
+    """The loop, its lock, and what the service calls. Thread-safe: the service calls it from many RPC threads."""
 
     def __init__(
         self,
@@ -54,26 +54,19 @@ class Engine(SessionPages, SessionPrefixes):
     ) -> None:
         self.runner, self.pool, self.config, self.metrics, self.clock = runner, runner.pool, config, metrics, clock
         self._handlers = dict(handlers)
+        self.scheduler = Scheduler(self.pool, config, metrics, clock)
         self._tasks = TaskQueue(config.max_batch_tokens)
-        self._sessions: dict[str, EngineSession] = {}
-        self._admissions = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
         self.on_lost: LostHandler = lambda session_id, error: None
         self.on_dead: Callable[[], None] = lambda: None  # the loop died: the peer must stop offering itself
         self.alive = True  # False once the loop has ended (shut down, or died)
-        self._running: set[int] = set()  # ids of the sessions the current iteration computes on
-        self._parked: list[EngineSession] = []  # closed during that iteration: pages go back once it is over
-        self._planned: set[str] = set()  # sessions the iteration being planned gives pages to (engine_pages.py)
         self.meters = {kind: RateMeter() for kind in TaskKind}  # INFERENCE: iterations per second of busy time
         self.batch_size = MovingAverage()  # sequences per inference iteration
         self.tokens_total = {kind: 0 for kind in TaskKind}  # tokens computed since start, for Prometheus counters
         self.busy_s_total = {kind: 0.0 for kind in TaskKind}
         self.iterations = 0  # inference iterations run
         self.most_adapters = 0  # most distinct adapters (the bare model counts as one) that shared an iteration
-        self.preemptions = 0
-        self.deferred_releases = 0  # sessions closed mid-iteration: their pages went back after it
-        self.idle_closes = 0
         self._loop = threading.Thread(target=self._run, name="peer-engine", daemon=True)
         self._loop.start()
 
@@ -82,12 +75,25 @@ class Engine(SessionPages, SessionPrefixes):
     @property
     def open_sessions(self) -> int:
         with self._cond:
-            return len(self._sessions)
+            return len(self.scheduler.sessions)
 
     @property
     def queue_length(self) -> int:
         with self._cond:
-            return len(self._tasks) + sum(s.pending is not None for s in self._sessions.values())
+            return len(self._tasks) + len(self.scheduler.ready_steps())
+
+    @property
+    def preemptions(self) -> int:
+        return self.scheduler.preemptions
+
+    @property
+    def deferred_releases(self) -> int:
+        """Sessions closed while an iteration computed on them: their pages went back after it."""
+        return self.scheduler.deferred_releases
+
+    @property
+    def idle_closes(self) -> int:
+        return self.scheduler.idle_closes
 
     def open(
         self,
@@ -121,13 +127,7 @@ class Engine(SessionPages, SessionPrefixes):
         with self._cond:
             if self._closed:
                 raise PeerUnavailable("peer is shutting down and opens no new sessions")
-            if session_id in self._sessions:
-                raise InvalidRequest(f"session {session_id!r} is already open on this peer")
-            sequences = [Sequence() for _ in range(batch_size)]
-            session = EngineSession(
-                session_id, blocks, max_length, sequences, self.clock(), adapter=adapter, client=client
-            )
-            self._sessions[session_id] = session
+            self.scheduler.add(session_id, blocks, batch_size, max_length, adapter, client)
 
     def step(self, session_id: str, hidden: torch.Tensor, position: int, hypo_ids: list[int] | None = None) -> Future:
         """Queue new tokens' hidden states [batch, tokens, hidden] at `position` (below the session's length: roll
@@ -142,25 +142,10 @@ class Engine(SessionPages, SessionPrefixes):
         with self._cond:
             if not self.alive:
                 raise PeerUnavailable("this peer's engine stopped; try another peer")
-            session = self._session(session_id)
-            rows, tokens = hidden.shape[0], hidden.shape[1]
-            if rows != len(session.sequences):
-                raise InvalidRequest(f"batch size {rows} does not match the session's {len(session.sequences)}")
-            if position > session.length:
-                raise InvalidRequest(f"position {position} skips past the session's {session.length} tokens")
-            if position + tokens > session.max_length:
-                raise InvalidRequest(
-                    f"{tokens} tokens at position {position} exceed the session's max_length {session.max_length}"
-                )
-            if session.pending is not None:
-                raise InvalidRequest(f"session {session_id!r} sent a step before its previous one was answered")
-            if hypo_ids is not None and (len(hypo_ids) != rows or not all(0 <= h < rows for h in hypo_ids)):
-                raise InvalidRequest(f"hypo_ids must name one of the session's {rows} rows per row, got {hypo_ids}")
-            self._truncate(session, position)
-            session.pending = Step(session, hidden, position, hypo_ids)
-            session.last_used = self.clock()
+            step = Step(self.scheduler.session(session_id), hidden, position, hypo_ids)
+            self.scheduler.queue(step)
             self._cond.notify()
-            return session.pending.future
+            return step.future
 
     def step_many(self, steps: list[tuple[str, torch.Tensor, int, list[int] | None]]) -> list[Future | SwarmError]:
         """Queue several sessions' steps (session_id, hidden, position, hypo_ids) under one hold of the lock, so that
@@ -183,9 +168,21 @@ class Engine(SessionPages, SessionPrefixes):
     def close(self, session_id: str) -> None:
         """End a session and give its pages back; its pending step, if any, fails. Unknown ids are ignored."""
         with self._cond:
-            session = self._sessions.pop(session_id, None)
+            session = self.scheduler.sessions.get(session_id)
             if session is not None:
-                self._release(session, SessionNotFound(f"session {session_id!r} was closed"))
+                self._reject([self.scheduler.drop(session, SessionNotFound(f"session {session_id!r} was closed"))])
+
+    def prefix(self, session_id: str, request: PrefixRequest) -> int:
+        """The client's prefix keys for a session: with `attach`, a session that has run no step yet starts from
+        cached pages (peers/prefix_attach.py `apply_prefix`). The session's length after it.
+
+        Raises:
+            SessionNotFound: the session is not open.
+            InvalidRequest: a key that is not KEY_BYTES long, more than MAX_KEYS of them, or a tail of no token.
+        """
+        request.check()
+        with self._cond:
+            return self.scheduler.prefix(session_id, request)
 
     def submit(self, kind: TaskKind, payload: Any, tokens: int, batch_key: Hashable | None = None) -> Future:
         """Queue a forward or backward task; tasks of one kind and batch_key may run together in one handler call."""
@@ -207,15 +204,6 @@ class Engine(SessionPages, SessionPrefixes):
 
     # ---- the loop ----
 
-    def _session(self, session_id: str) -> EngineSession:
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise SessionNotFound(f"session {session_id!r} is not open on this peer")
-        return session
-
-    def _has_steps(self) -> bool:
-        return any(s.pending is not None for s in self._sessions.values())
-
     def _run(self) -> None:
         try:
             while self._turn():
@@ -226,22 +214,22 @@ class Engine(SessionPages, SessionPrefixes):
             self._end()
 
     def _turn(self) -> bool:
-        """One pass of the loop: plan under the lock, compute outside it, then hand pages of sessions closed
-        meanwhile back. An error fails the work it touched, never the loop. False once shut down and drained."""
+        """One pass of the loop: schedule under the lock, run outside it, complete, then hand pages of sessions
+        closed meanwhile back. An error fails the work it touched, never the loop. False once shut down and drained."""
         chunks: list[Chunk] = []
         group: list[Task] = []
         try:
             with self._cond:
-                lost = self._reap_idle()
-                if self._closed and not self._has_steps() and not self._tasks:
+                lost = self.scheduler.reap_idle()
+                if self._closed and not self.scheduler.has_steps() and not self._tasks:
                     return False
-                chunks, lost_now = self._plan()
+                chunks, lost_now = self.scheduler.schedule()
                 lost += lost_now
+                self._reject(lost)
                 group = [] if chunks else self._tasks.next_group()
                 if not (chunks or group or lost):
                     self._cond.wait(REAP_PERIOD_S)  # nothing to do (or nothing plannable): wait, never spin
                     return True
-                self._running = {id(chunk.key.session) for chunk in chunks}
             self._tell_lost(lost)
             if chunks:
                 self._iterate(chunks)
@@ -260,29 +248,31 @@ class Engine(SessionPages, SessionPrefixes):
         with self._cond:
             steps = [c.key for c in chunks]
             if not chunks and not group:
-                steps = [s.pending for s in self._sessions.values() if s.pending is not None]
+                steps = self.scheduler.ready_steps()
             for step in steps:
-                if step.session.pending is step:
-                    step.session.pending = None
+                self.scheduler.abandon(step)
                 reject(step.future, error)
         for task in group:
             reject(task.future, error)
 
-    def _tell_lost(self, lost: list[tuple[str, SwarmError]]) -> None:
-        for session_id, error in lost:
+    def _reject(self, lost: list[Lost]) -> None:
+        """Fail the pending steps of the sessions the scheduler dropped. Under the lock, with the drops: a caller
+        woken by the first result of a wave finds every other one settled (`settled`)."""
+        for dropped in lost:
+            if dropped.step is not None:
+                reject(dropped.step.future, dropped.error)
+
+    def _tell_lost(self, lost: list[Lost]) -> None:
+        for dropped in lost:
             try:
-                self.on_lost(session_id, error)
+                self.on_lost(dropped.session_id, dropped.error)
             except Exception:  # the service's bookkeeping; its failure must not fail the batch that follows
-                logger.exception("on_lost failed for session %s", session_id)
+                logger.exception("on_lost failed for session %s", dropped.session_id)
 
     def _settle(self) -> None:
         """After a turn: the pages of sessions closed while the turn computed on them go back to the pool now."""
         with self._cond:
-            self._running = set()
-            parked, self._parked = self._parked, []
-            for session in parked:
-                for sequence in session.sequences:
-                    sequence.release(self.pool)
+            self.scheduler.iteration_over()
 
     def _end(self) -> None:
         """The loop is over (shut down, or died): refuse everything from now on and fail what still waits."""
@@ -292,8 +282,7 @@ class Engine(SessionPages, SessionPrefixes):
             if not died:
                 return
             error = PeerUnavailable("this peer's engine stopped after an internal error; try another peer")
-            for session in list(self._sessions.values()):
-                self._drop(session, error)
+            self._reject([self.scheduler.drop(session, error) for session in list(self.scheduler.sessions.values())])
             while self._tasks:
                 for task in self._tasks.next_group():
                     reject(task.future, error)
@@ -345,16 +334,10 @@ class Engine(SessionPages, SessionPrefixes):
 
     def _advance(self, chunk: Chunk, output: torch.Tensor) -> None:
         step = chunk.key
-        session = step.session
         if step.future.done():  # closed or preempted while it ran
             return
-        step.done += chunk.tokens
         step.outputs.append(output)
-        for sequence in session.sequences:
-            sequence.length = step.position + step.done
-        self._index_pages(session)
-        if step.remaining == 0:
-            session.pending, session.last_used = None, self.clock()
+        if self.scheduler.computed(chunk):
             resolve(step.future, torch.cat(step.outputs, dim=1) if len(step.outputs) > 1 else step.outputs[0])
 
     def _record(self, elapsed: float, sequences: int, tokens: int) -> None:

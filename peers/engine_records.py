@@ -1,5 +1,6 @@
-"""What the engine (peers/engine.py) keeps per open session and per queued step, which it alone changes under its
-lock, and its config (here so that peers/engine_pages.py can name it without importing the engine)."""
+"""What the engine keeps per open session and per queued step, changed only under its lock: the scheduler
+(peers/scheduler.py) reads and sets the positions, rows and pages; the engine (peers/engine.py) alone touches the
+tensors and the futures. And the engine's config, here so that both can name it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from peers.futures import running_future
 from peers.kv_cache import Sequence
 from peers.lora import LoraWeights
-from peers.scheduler import running_future
+from swarm.errors import SwarmError
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,16 +24,21 @@ class EngineConfig:
 @dataclass(slots=True, eq=False)
 class Step:
     session: EngineSession
-    hidden: torch.Tensor  # [batch, tokens, hidden]
+    hidden: torch.Tensor  # [batch, tokens, hidden]; the engine's: the scheduler reads `rows` and `tokens`
     position: int
     hypo_ids: list[int] | None = None  # beam search: rows' sources, applied when the step is first planned
     future: Future = field(default_factory=running_future)  # not cancellable: the caller closes the session
     done: int = 0  # tokens per sequence already run
     outputs: list[torch.Tensor] = field(default_factory=list)  # [batch, chunk, hidden] each
+    rows: int = field(init=False)
+    tokens: int = field(init=False)  # per row
+
+    def __post_init__(self) -> None:
+        self.rows, self.tokens = self.hidden.shape[0], self.hidden.shape[1]
 
     @property
     def remaining(self) -> int:
-        return self.hidden.shape[1] - self.done
+        return self.tokens - self.done
 
 
 @dataclass(slots=True, eq=False)
@@ -45,7 +52,7 @@ class EngineSession:
     pending: Step | None = None
     adapter: LoraWeights | None = None  # a served adapter its rows run with (peers/served_adapters.py)
     client: str = ""  # who opened it (peers/limits.py client_key): pages are shared fairly between clients
-    # Prefix caching (peers/engine_prefix.py): the client's keys of its tokens, pages of the first row indexed so
+    # Prefix caching (peers/prefix_attach.py): the client's keys of its tokens, pages of the first row indexed so
     # far, whether it may still start from cached pages (no step yet) and whether it did.
     prefix_keys: list[bytes] = field(default_factory=list)
     indexed: int = 0
@@ -64,3 +71,13 @@ class EngineSession:
 def admission_order(session: EngineSession) -> float:
     """Sessions not admitted yet sort after every admitted one."""
     return session.admitted if session.admitted is not None else float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """A session the scheduler closed on its own (preempted, refused, idle) or on request, and why: the engine fails
+    its pending step, if any, and tells the service (`Engine.on_lost`) unless the client itself closed it."""
+
+    session_id: str
+    error: SwarmError
+    step: Step | None

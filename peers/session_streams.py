@@ -16,9 +16,9 @@ from typing import Protocol
 import torch
 
 from peers.engine import Engine
-from peers.engine_prefix import prefix_request
 from peers.limits import Admission, StreamBudget
 from peers.metrics import PeerMetrics
+from peers.prefix_attach import prefix_request
 from peers.push import INBOX_MESSAGES, Pusher, PushFence
 from peers.rpc_status import first_open
 from peers.step_batches import BatchAssembler, answer_messages, session_error, step_views, wire_codec
@@ -153,7 +153,7 @@ class SessionStream:
         session.fence.rotate(fence.push_token)  # on arrival, not queued: a push checked after it needs the new token
 
     def _prefix(self, prefix: pb.SessionPrefix) -> None:
-        """The client's prefix keys for a session (peers/engine_prefix.py); with `attach`, answered with the tokens
+        """The client's prefix keys for a session (peers/prefix_attach.py); with `attach`, answered with the tokens
         the session now holds from the cache, where pushes into it append from now on."""
         session = self.sessions.get(prefix.session_id)
         if session is None:

@@ -211,7 +211,7 @@ def test_a_peer_whose_engine_died_says_offline_and_refuses_sessions() -> None:
         def broken_plan() -> None:
             raise Fatal("a bug in planning")
 
-        server.engine._plan = broken_plan  # fault injection: the next step ends the engine's loop
+        server.engine.scheduler.schedule = broken_plan  # fault injection: the next step ends the engine's loop
         with pytest.raises(Exception, match="engine stopped"):
             run_plan(server.address, honest_plan(1)[:2])
         with grpc.insecure_channel(server.address) as channel:

@@ -94,7 +94,7 @@ def test_a_peer_whose_engine_died_is_announced_offline(smollm2_path: Path) -> No
         def broken_plan() -> None:
             raise Fatal("a bug in planning")
 
-        engine._plan = broken_plan  # fault injection: the next step ends the engine's loop
+        engine.scheduler.schedule = broken_plan  # fault injection: the next step ends the engine's loop
         engine.open("s", range(0, 2), 1, max_length=4)
         with pytest.raises(PeerUnavailable):
             engine.step("s", torch.zeros(1, 1, 576), 0).result(30)

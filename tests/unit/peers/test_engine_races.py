@@ -203,7 +203,7 @@ def test_a_loop_that_dies_fails_what_waits_refuses_new_work_and_says_so(tiny_spa
         def broken_plan() -> None:
             raise Fatal("a bug in planning")
 
-        engine._plan = broken_plan  # type: ignore[method-assign]  # fault injection: the next turn ends the loop
+        engine.scheduler.schedule = broken_plan  # type: ignore[method-assign]  # fault injection: the next turn ends the loop
         step = engine.step("s", torch.randn(1, 3, HIDDEN), 0)
         gate.opened.set()
         with pytest.raises(PeerUnavailable, match="engine stopped"):

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from peers.engine import Engine
-from peers.engine_prefix import PrefixRequest
 from peers.engine_records import EngineConfig
 from peers.kv_cache import PagePool, PoolShape
 from peers.lora import LoraWeights
 from peers.model_runner import ModelRunner
+from peers.prefix_attach import PrefixRequest
 from peers.scheduler import TaskKind
 from swarm.errors import InvalidRequest
 from swarm.partition import BlockSpan
