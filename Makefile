@@ -8,8 +8,9 @@ INSTALLED := $(VENV)/.installed
 MODEL := .cache/models/smollm2-135m
 MODEL_READY := $(MODEL)/config.json
 
-# Debian packages the operating tests use (a real Prometheus, headless Chromium); installed only when missing.
-TEST_TOOLS := /usr/bin/prometheus /usr/bin/chromium
+# Debian packages the tests use (a real Prometheus, headless Chromium, nftables for the NAT routers of
+# benchmarks/netns/nat.py), as path:package; installed only when missing.
+TEST_TOOLS := /usr/bin/prometheus:prometheus /usr/bin/chromium:chromium /usr/sbin/nft:nftables
 APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -39,7 +40,7 @@ test-unit: $(MODEL_READY)
 test-integration: $(MODEL_READY) test-tools grafana-schema load-tool
 	$(PY) tests/run_tiers.py --tier integration
 
-test-system: $(MODEL_READY)
+test-system: $(MODEL_READY) test-tools
 	$(PY) tests/run_tiers.py --tier system
 
 bench: $(MODEL_READY)
@@ -68,7 +69,7 @@ model: $(MODEL_READY)
 
 # No service is started: a policy-rc.d that denies starts is put in place for the install when none exists.
 test-tools:
-	@missing=""; for tool in $(TEST_TOOLS); do [ -x $$tool ] || missing="$$missing $$(basename $$tool)"; done; \
+	@missing=""; for tool in $(TEST_TOOLS); do [ -x $${tool%%:*} ] || missing="$$missing $${tool##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		policy=/usr/sbin/policy-rc.d; made_policy=""; \

@@ -101,6 +101,17 @@ class PlacementConfig:
             raise ValueError(f"rebalance_margin must be >= 0, got {self.rebalance_margin}")
 
 
+LIMIT_FLAGS = (  # LimitsConfig's fields, each with a flag of its name (swarm/cli/_peer_flags.py)
+    "sessions_per_client",
+    "requests_per_s",
+    "request_burst",
+    "session_tokens",
+    "stream_bytes",
+    "adapter_bytes_per_client",
+    "adapter_bytes",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class PeerConfig:
     model_path: str
@@ -122,6 +133,9 @@ class PeerConfig:
     max_restarts: int = 10  # times Ray restarts a crashed stage actor (-1: forever)
     ray_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources the stage actor needs (pins it to nodes)
     in_process: bool = False  # the stage in the daemon's own process, no Ray (`--no-ray`; peers/stage_handle.py)
+    # NAT (swarm/registry/tunnel.py): "offer": keep relay slots for peers behind NAT (`--relay`); "use": when
+    # nobody can dial this peer, serve through a relay on an initial peer (`--via-relay`); "": neither.
+    relay: str = ""
     server: ServerConfig = field(default_factory=ServerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
@@ -159,18 +173,7 @@ class PeerConfig:
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> PeerConfig:
         """Raises CredentialsError unless --credentials DIR or --open was given."""
-        limits = LimitsConfig(
-            **given(
-                ns,
-                "sessions_per_client",
-                "requests_per_s",
-                "request_burst",
-                "session_tokens",
-                "stream_bytes",
-                "adapter_bytes_per_client",
-                "adapter_bytes",
-            )
-        )
+        limits = LimitsConfig(**given(ns, *LIMIT_FLAGS))
         server = ServerConfig(
             host=ns.host,
             announce_host=ns.announce_host,
@@ -214,6 +217,7 @@ class PeerConfig:
             threads=getattr(ns, "threads", 0),
             ray_resources=parse_resources(getattr(ns, "ray_resources", None)),
             in_process=getattr(ns, "no_ray", False),
+            relay="use" if getattr(ns, "via_relay", False) else "offer" if getattr(ns, "relay", False) else "",
             server=server,
             placement=placement,
         )

@@ -23,6 +23,7 @@ from peers.rebalance import Rebalancer
 from peers.stage_handle import INFO_TIMEOUT_S, DrainOutcome, StageHandle, start_stage
 from swarm.partition import open_checkpoint
 from swarm.registry import Announcer, Registry
+from swarm.registry.tunnel import serve as serve_tunnel
 from swarm.types import PeerInfo, PeerState, Span
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class PeerDaemon:
         self.state = PeerState.JOINING
         self.stage: StageHandle | None = None
         self.last_info: dict | None = None
+        self.tunnel_address = ""  # announced instead of the stage's own address when nobody can dial it
+        self._tunnel_target = ""  # the stage's address the tunnel's streams are spliced to
         self._lock = threading.Lock()  # span, state and stage change together (moves) and are read together
         self._move_lock = threading.Lock()  # held for a whole move; draining waits for it
         self.announcer = Announcer(registry, self.describe, config.announce_period_s, config.ttl_s)
@@ -94,7 +97,7 @@ class PeerDaemon:
         self._allow_pushes(stage, span)
         return dataclasses.replace(
             self._record(PeerState.ONLINE, span),
-            address=live["address"],
+            address=self._reached_at(live["address"]),
             forward_tokens_per_s=live["forward_tokens_per_s"],
             inference_steps_per_s=live["inference_steps_per_s"],
             queue_length=live["queue_length"],
@@ -104,6 +107,23 @@ class PeerDaemon:
             metrics_address=live["metrics_address"],
             adapters=tuple(live.get("adapters", ())),
         )
+
+    def serve_through(self, tunnel_address: str) -> None:
+        """Announce `tunnel_address` (a relay slot of this peer's DHT node, swarm/registry/tunnel.py) from now on,
+        its streams spliced to the stage's gRPC server."""
+        self.tunnel_address = tunnel_address
+        if self.last_info is not None:
+            self._reached_at(self.last_info["address"])
+        self.announcer.announce_now()
+
+    def _reached_at(self, stage_address: str) -> str:
+        """The address to announce for a stage serving at `stage_address` (again where it restarted elsewhere)."""
+        if not self.tunnel_address:
+            return stage_address
+        if stage_address != self._tunnel_target:
+            serve_tunnel(self.registry.dht, stage_address)
+            self._tunnel_target = stage_address
+        return self.tunnel_address
 
     def _allow_pushes(self, stage: StageHandle, span: Span) -> None:
         """Hand the stage the next peers it may push to, read from the registry on the announce period: off the

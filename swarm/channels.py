@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from swarm._proto import swarm_pb2_grpc as pb_grpc
+from swarm.registry.tunnel import channel_address
 from swarm.security import SwarmCredentials
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -51,7 +52,7 @@ class PeerStubs:
             if address in self._entries:
                 self._entries.move_to_end(address)
                 return self._entries[address][0]
-            channel = self.credentials.channel(address, self.options)
+            channel = self.credentials.channel(channel_address(address), self.options)
             self._entries[address] = (self.stub_type(channel), channel)
             if self.max_channels is not None and len(self._entries) > self.max_channels:
                 # Dropped like `forget`, not closed: a call of another thread may still run on it.

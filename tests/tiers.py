@@ -51,6 +51,8 @@ SYSTEM_MODULES = frozenset(
     {
         "integration/cluster/test_netns_api.py",
         "integration/cluster/test_netns_link.py",
+        "integration/cluster/test_netns_nat.py",
+        "integration/cluster/test_netns_nat_swarm.py",
         "integration/cluster/test_netns_private.py",
         "integration/cluster/test_netns_swarm.py",
         "integration/cluster/test_netns_training.py",

@@ -27,6 +27,9 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "rsw-"
 SUBNET = "10.77.0"
+# A segment that libp2p takes for the public internet: it announces relay addresses only on public ones, and
+# these namespaces reach nothing outside the machine (the NAT tests, benchmarks/netns/nat.py).
+PUBLIC_SUBNET = "44.77.0"
 # Measured per crossing of relay.py on this machine (small TCP echoes at 1 and 2 ms: 0.76 and 1.79 ms with 0.25
 # trimmed); trimmed from
 # each crossing's delay so that the RTT measured between two hosts is the RTT asked for.
@@ -71,6 +74,7 @@ class WanLink:
         rtt_ms: round-trip time between any two hosts (0: kernel bridge, no added delay).
         rate_mbit: rate limit of each host's link, both ways (None: none).
         relay_cost_ms: the relay's own cost per crossing, trimmed from the delay it adds.
+        subnet: the first three octets of the hosts' addresses.
     """
 
     def __init__(
@@ -79,11 +83,13 @@ class WanLink:
         rtt_ms: float = 0.0,
         rate_mbit: float | None = None,
         relay_cost_ms: float = RELAY_COST_MS,
+        subnet: str = SUBNET,
     ) -> None:
         if len(set(hosts)) != len(hosts) or not hosts:
             raise ValueError(f"host names must be distinct and at least one: {hosts}")
         self.hosts = list(hosts)
         self.rtt_ms, self.rate_mbit, self.relay_cost_ms = rtt_ms, rate_mbit, relay_cost_ms
+        self.subnet = subnet
         self.run_id = f"{PREFIX}{os.getpid()}-{time.monotonic_ns() % 10**6}"
         self.router = f"{self.run_id}-router"
         self.python_executable = sys.executable
@@ -95,7 +101,7 @@ class WanLink:
         return f"{self.run_id}-{host}"
 
     def address(self, host: str) -> str:
-        return f"{SUBNET}.{10 + self.hosts.index(host)}"
+        return f"{self.subnet}.{10 + self.hosts.index(host)}"
 
     def command(self, host: str, argv: Sequence[str]) -> list[str]:
         """`argv` run inside `host`'s namespace."""

@@ -23,6 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dht-port", type=port, default=0, help="port of the DHT node (default: any)")
     add_initial_peers_flag(parser, required=False)  # join that DHT; without it, start a new one
     add_host_flags(parser, what="DHT node")
+    parser.add_argument(
+        "--relay", action="store_true", help="keep relay slots for peers behind NAT (`swarm peer join --via-relay`)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -37,7 +40,12 @@ def run(ns: argparse.Namespace) -> int:
     no_shared_memory_manager()
     with StopSignals() as signals:
         registry = Registry(
-            ns.initial_peers, host=ns.host, port=ns.dht_port, announce_host=ns.announce_host, credentials=credentials
+            ns.initial_peers,
+            host=ns.host,
+            port=ns.dht_port,
+            announce_host=ns.announce_host,
+            credentials=credentials,
+            relay="offer" if ns.relay else "",
         )
         try:
             flag = "--open" if credentials.is_open else "--credentials DIR"

@@ -37,6 +37,7 @@ from swarm.progress import waiting
 
 if TYPE_CHECKING:  # imported when the command runs
     from peers.config import PeerConfig
+    from peers.daemon import PeerDaemon
     from swarm.registry import Registry
 
 
@@ -67,6 +68,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="serve the blocks in this process, without Ray: the lightest peer (no Ray node, one process importing "
         "torch); a crash of the blocks' server ends the command (exit 1) instead of Ray restarting it",
+    )
+    join.add_argument(
+        "--relay", action="store_true", help="keep relay slots for peers behind NAT (this peer must be reachable)"
+    )
+    join.add_argument(
+        "--via-relay",
+        action="store_true",
+        help="when nobody can dial this peer (behind a home router or carrier-grade NAT), serve through a relay slot "
+        "on an initial peer started with --relay, instead of announcing an address nobody reaches",
     )
     join.set_defaults(run=run_join)
 
@@ -175,6 +185,7 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
         host=config.host,
         announce_host=config.announce_host,
         credentials=config.server.credentials,
+        relay=config.relay,
     )
     phases.done("DHT node")
     try:
@@ -189,7 +200,7 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
             signals.serving()
             phases.done(stage)
             _print_serving(info, config.name, stage)
-            _check_reachable(registry, info)
+            _check_reachable(registry, daemon, info)
             print(phases.summary(info["load_s"]), flush=True)
             stopped = signals.wait(daemon.alive)
         finally:
@@ -203,8 +214,13 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
         registry.shutdown()
 
 
-def _check_reachable(registry: Registry, info: dict) -> None:
-    """Tell the operator at once when the address announced for clients is one others cannot connect to."""
+def _check_reachable(registry: Registry, daemon: PeerDaemon, info: dict) -> None:
+    """Tell the operator at once when the address announced for clients is one others cannot connect to; a peer
+    whose DHT node got a relay slot (`--via-relay`) serves through it instead, and says so."""
+    if registry.tunnel_addresses:
+        daemon.serve_through(registry.tunnel_addresses[0])
+        print(f"not reachable: serving through the relay at {daemon.tunnel_address}", flush=True)
+        return
     host, _, port = info["address"].rpartition(":")
     report = registry.check_reachable(host.strip("[]"), int(port), f"peer {info['peer_id']}")
     via = "this machine" if report.via == "itself" else f"DHT node {report.via}"

@@ -9,6 +9,7 @@ import torch
 
 from swarm.client.pace import HopPace
 from swarm.client.span_session import SpanSession
+from swarm.errors import SwarmError
 from swarm.types import Hop
 
 
@@ -41,3 +42,11 @@ class Resume:
     hidden: torch.Tensor  # [batch, new_tokens, hidden]
     step_id: int
     staged: list[tuple[HopState, torch.Tensor]]
+
+
+class ReplayFailed(Exception):
+    """A peer of a new route failed while the session replayed its inputs there."""
+
+    def __init__(self, peer_id: str, error: SwarmError) -> None:
+        super().__init__(f"replay to {peer_id} failed: {error}")
+        self.peer_id, self.error = peer_id, error

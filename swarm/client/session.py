@@ -19,7 +19,7 @@ from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
 from swarm.client.checks import tolerance
 from swarm.client.client_engine import ClientEngine
-from swarm.client.hop_state import HopState, Resume, trimmed
+from swarm.client.hop_state import HopState, ReplayFailed, Resume, trimmed
 from swarm.client.metrics import ClientMetrics
 from swarm.client.pace import LATE_FLOOR_S, HopPace
 from swarm.client.prefix_reuse import PromptPrefix, attach_route, register_route
@@ -36,6 +36,7 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.prefix_keys import Tail
+from swarm.registry.tunnel import is_tunnel
 from swarm.router import Router, serving
 from swarm.router.bans import answered_alive
 from swarm.security import SwarmCredentials
@@ -44,12 +45,6 @@ from swarm.types import Hop, PeerInfo, Route, Span
 logger = logging.getLogger(__name__)
 
 REPLAY_TOKENS = 1024  # batch x tokens per replay step: well under a peer's default max_request_tokens (8192)
-
-
-class _ReplayFailed(Exception):
-    def __init__(self, peer_id: str, error: SwarmError) -> None:
-        super().__init__(f"replay to {peer_id} failed: {error}")
-        self.peer_id, self.error = peer_id, error
 
 
 class InferenceSession:
@@ -269,7 +264,10 @@ class InferenceSession:
         return resend
 
     def push_targets(self, first: int) -> list[pb.PushTarget]:
-        return [state.session.target for state in self.hops[first:]] if self.push else []
+        """The hops from `first` on that peers push to, up to the first behind a relay (only clients dial those)."""
+        hops = self.hops[first:] if self.push else []
+        relayed = next((i for i, state in enumerate(hops) if is_tunnel(state.hop.address)), len(hops))
+        return [state.session.target for state in hops[:relayed]]
 
     def _fail_over(self, index: int, error: SwarmError) -> bool:
         """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing.
@@ -299,7 +297,7 @@ class InferenceSession:
                 # The background view first (a DHT read costs a frozen peer's session time); re-read only if it
                 # leaves the span uncovered (_choose), e.g. when the failed peer was its only server.
                 replacement = self._open(span, inputs, fresh=False)
-            except _ReplayFailed as replay:
+            except ReplayFailed as replay:
                 culprit, error = replay.peer_id, replay.error
                 continue
             self.hops[index:index] = replacement
@@ -337,7 +335,7 @@ class InferenceSession:
         """Open sessions on a new route for `need` and replay `inputs` (what the span had received) through it.
 
         Raises:
-            _ReplayFailed: a peer of the new route failed during the replay (everything opened is closed again).
+            ReplayFailed: a peer of the new route failed during the replay (everything opened is closed again).
         """
         route = self._choose(need, fresh)
         self.router.acquire(route, self._tokens)
@@ -355,7 +353,7 @@ class InferenceSession:
                 opened.session.close()
             self.router.release(route, self._tokens)
             if isinstance(error, SwarmError) and not isinstance(error, InvalidRequest):
-                raise _ReplayFailed(state.hop.peer_id, error) from error
+                raise ReplayFailed(state.hop.peer_id, error) from error
             raise
         return states
 

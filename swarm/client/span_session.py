@@ -26,6 +26,7 @@ from swarm.client.inference_stream import InferenceStream
 from swarm.client.peer_link import LinkSession, PeerLink, SessionsUnsupported
 from swarm.codec import CodecId
 from swarm.errors import DeadlineExceeded, SwarmError
+from swarm.registry.tunnel import channel_address
 from swarm.security import SwarmCredentials
 from swarm.types import Hop
 
@@ -63,7 +64,8 @@ class SpanSession:
         self._shape = (batch_size, max_length, adapter)
         self._channel: grpc.Channel | None = None
         if stubs is None:
-            self._channel = credentials.channel(hop.address, [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
+            address = channel_address(hop.address)
+            self._channel = credentials.channel(address, [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
         self._stub = pb_grpc.PeerStub(self._channel) if stubs is None else stubs(hop.address)
         link = None
         if batched:

@@ -103,7 +103,24 @@ class ParentBoundDHT(hivemind.DHT):
         signal.signal(signal.SIGTERM, lambda signum, frame: _exit_with_children())
         parent = os.getppid()
         threading.Thread(target=_exit_with_parent, args=(parent,), name="dht-parent-watch", daemon=True).start()
+        _static_relays_only()
         super().run()
+
+
+def _static_relays_only() -> None:
+    """In the child: a node given relays (`trusted_relays`) reserves a slot on them at once. hivemind starts p2pd
+    with relay discovery on, where libp2p waits for 4 candidate relays, or 3 minutes, before it reserves any; this
+    adds `-relayDiscovery=0` to p2pd's command line then, which hivemind's P2P.create has no argument for."""
+    from hivemind.p2p.p2p_daemon import P2P
+
+    make_args = P2P._make_process_args
+
+    def with_static_relays(*args: Any, **kwargs: Any) -> list[str]:
+        if kwargs.get("trustedRelays"):
+            kwargs["relayDiscovery"] = False
+        return make_args(*args, **kwargs)
+
+    P2P._make_process_args = staticmethod(with_static_relays)
 
 
 def _exit_with_parent(parent: int) -> None:

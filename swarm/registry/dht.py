@@ -20,6 +20,7 @@ from swarm.registry.reachability import check as check_reachability
 from swarm.registry.reachability import serve as serve_reachability
 from swarm.registry.records import InvalidRecord, from_dht, to_dht
 from swarm.registry.signing import RecordSigning, split_subkey
+from swarm.registry.tunnel import CIRCUIT, dial_through, relay_addresses
 from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo
 
@@ -44,6 +45,29 @@ def dht_multiaddrs(hosts: HostConfig, port: int, initial_peers: list[str]) -> tu
         return [multiaddr(hosts.host, port)], None
     port = port or free_port(hosts.host)
     return [multiaddr(hosts.host, port)], [multiaddr(announced, port)]
+
+
+def p2p_options(client_mode: bool, relay: str) -> dict[str, Any]:
+    """hivemind's libp2p options of a node. A client can dial peers through relays (swarm/registry/tunnel.py);
+    `relay="offer"`: a reachable node that keeps relay slots for peers behind NAT (libp2p starts its relay service
+    only on a node it takes for public, so it is told so; hole punching needs AutoNAT on). Otherwise no NAT
+    traversal: behind a NAT the operator forwards a port and announces it, or joins with `--via-relay`."""
+    if relay == "offer" and not client_mode:
+        return {"nat_port_map": False, "auto_nat": True, "use_relay": True, "force_reachability": "public"}
+    return {"nat_port_map": False, "auto_nat": False, "use_relay": client_mode}
+
+
+def relayed_options(initial_peers: list[str]) -> dict[str, Any]:
+    """A node nobody can dial: it reserves a slot on its initial peers (those that offer relays) at once, and tries
+    hole punching with the peers that reach it through them."""
+    return {
+        "nat_port_map": False,
+        "auto_nat": True,
+        "use_relay": True,
+        "force_reachability": "private",
+        "use_auto_relay": True,
+        "trusted_relays": initial_peers,
+    }
 
 
 def multiaddr_host_port(address: str) -> tuple[str, int] | None:
@@ -77,32 +101,43 @@ class Registry:
         credentials: SwarmCredentials,
         signing_key: Any = None,
         read_timeout_s: float = READ_TIMEOUT_S,
+        relay: str = "",
     ) -> None:
-        from swarm.registry.bound_dht import start_dht  # hivemind is heavy: imported when a node starts
-
         initial_peers = initial_peer_list(initial_peers) if initial_peers else []
         host_maddrs, announce_maddrs = dht_multiaddrs(HostConfig(host, announce_host), port, initial_peers)
         self.signing, self.read_timeout_s = RecordSigning(credentials, signing_key), read_timeout_s
-        try:
-            self.dht = start_dht(
-                initial_peers=initial_peers,
-                host_maddrs=host_maddrs,
-                announce_maddrs=announce_maddrs,
-                client_mode=client_mode,
-                record_validators=self.signing.validators,
-                # No NAT traversal, no relays: behind a NAT the operator forwards a port and announces it (DESIGN.md).
-                nat_port_map=False,
-                auto_nat=False,
-                use_relay=False,
-            )
-        except Exception as error:  # hivemind raises P2PDaemonError, ValueError, TimeoutError...
-            raise PeerUnavailable(f"cannot join the DHT through {initial_peers}: {error}") from error
+        node = {"initial_peers": initial_peers, "host_maddrs": host_maddrs, "client_mode": client_mode}
+        self.dht = self._start(dict(node, announce_maddrs=announce_maddrs, **p2p_options(client_mode, relay)))
         self.initial_peers = initial_peers
+        self.tunnel_addresses: list[str] = []  # where clients reach this node's peer through a relay, if they must
+        dial_through(self.dht)
         if not client_mode:
             serve_reachability(self.dht)
             announced = multiaddr_host_port(self.addresses[0]) if self.addresses else None
-            if announced is not None:
-                self.check_reachable(*announced, what="DHT node")
+            report = self.check_reachable(*announced, what="DHT node") if announced is not None else None
+            if report is not None and not report.reachable and relay == "use" and initial_peers:
+                self._relayed(node)
+
+    def _start(self, options: dict[str, Any]) -> Any:
+        from swarm.registry.bound_dht import start_dht  # hivemind is heavy: imported when a node starts
+
+        try:
+            return start_dht(record_validators=self.signing.validators, **options)
+        except Exception as error:  # hivemind raises P2PDaemonError, ValueError, TimeoutError...
+            raise PeerUnavailable(f"cannot join the DHT through {options['initial_peers']}: {error}") from error
+
+    def _relayed(self, node: dict[str, Any]) -> None:
+        """Nobody can dial this node: start it again reserving a relay slot on its initial peers, and keep the
+        tunnel addresses it gets there (empty when no initial peer offers relays: it then stays unreachable)."""
+        self.dht.shutdown()
+        self.dht = self._start(dict(node, **relayed_options(self.initial_peers)))
+        dial_through(self.dht)
+        serve_reachability(self.dht)
+        self.tunnel_addresses = relay_addresses(self.dht)
+        if self.tunnel_addresses:
+            logger.info("unreachable: relayed through %s", self.tunnel_addresses[0].split(CIRCUIT)[0])
+        else:
+            logger.warning("unreachable, and no initial peer keeps a relay slot for it (they need --relay)")
 
     def check_reachable(self, host: str, port: int, what: str) -> Reachability:
         """Whether others can connect to host:port, asked of another DHT node (swarm/registry/reachability.py);

@@ -1,0 +1,216 @@
+"""gRPC through libp2p, for peers that nobody can dial: behind a home router or a carrier-grade NAT (issue 40).
+
+Such a peer keeps its gRPC server on its own machine and lets its DHT node's libp2p daemon (hivemind's p2pd) carry
+the bytes: the node reserves a slot on a reachable node (circuit relay v2; p2pd lifts libp2p's default 128 KB /
+2 minute cap on a circuit to 4 GiB / 30 minutes), announces `<relay's address>/p2p/<relay>/p2p-circuit/p2p/<self>`
+as its gRPC address (a *tunnel address*, signed in its record like the rest), and answers the libp2p protocol
+`rayswarm.grpc` by splicing each stream to its gRPC server. A client (or another peer) that meets a tunnel address
+dials it through its own DHT node: a local TCP port whose every connection becomes one libp2p stream to that peer.
+libp2p connects through the relay, then tries a direct connection by hole punching (DCUtR: works behind NATs that
+keep a port per socket, fails behind symmetric ones); a stream opened once the direct connection is up skips the
+relay. gRPC's own TLS (a private swarm) runs end to end inside the stream: the relay sees only sizes.
+
+Both ends run inside hivemind's DHT process (DHT.run_coroutine), on the event loop that already serves the node's
+libp2p traffic: no thread of ours, and the state below (the splice targets and bridges) lives in that process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL = "rayswarm.grpc"
+CIRCUIT = "/p2p-circuit"
+RESERVE_TIMEOUT_S = 30.0  # for the relay slot: a reservation takes a round trip or two once a relay is known
+PUNCH_WAIT_S = 3.0  # how long a new tunnel waits for a direct (hole-punched) connection before using the relay
+POLL_S = 0.1
+CHUNK_BYTES = 1 << 16
+
+_targets: dict[str, str] = {}  # in the DHT process of a serving peer: PROTOCOL -> host:port of its gRPC server
+_bridges: dict[str, int] = {}  # in the DHT process of a dialer: tunnel address -> its local port
+_dialer: Any = None  # in a process with a DHT node: the node that dials tunnel addresses for its gRPC channels
+_local: dict[tuple[int, str], str] = {}  # (id of that node, tunnel address) -> local host:port
+
+
+def dial_through(dht: Any) -> None:
+    """Let this process's gRPC channels reach tunnel addresses through `dht` (the first node made in the process,
+    or a new one once that one is shut down)."""
+    global _dialer
+    if _dialer is None or not _dialer.is_alive():
+        _dialer = dht
+
+
+def channel_address(address: str) -> str:
+    """What a gRPC channel to `address` connects to: the address itself, or for a tunnel address the local port
+    that carries it (opened on first use).
+
+    Raises:
+        PeerUnavailable: a tunnel address in a process that has no DHT node to dial it through.
+    """
+    if not is_tunnel(address):
+        return address
+    if _dialer is None or not _dialer.is_alive():
+        from swarm.errors import PeerUnavailable
+
+        raise PeerUnavailable(f"{address} is reached through a relay, and this process has no DHT node to dial it")
+    key = (id(_dialer), address)
+    if key not in _local:
+        _local[key] = local_address(_dialer, address)
+    return _local[key]
+
+
+def is_tunnel(address: str) -> bool:
+    """A tunnel address is a libp2p multiaddress (it starts with "/"); a direct one is host:port."""
+    return address.startswith("/")
+
+
+def tunnel_peer(address: str) -> str:
+    """The libp2p peer id a tunnel address ends with."""
+    return address.rsplit("/p2p/", 1)[-1]
+
+
+def connection_mode(addresses: list[str]) -> str:
+    """How a node is connected to a peer, from the remote addresses of its connections: "direct" when one of them
+    is not through a relay, else "relayed" ("" with none)."""
+    if not addresses:
+        return ""
+    return "direct" if any(CIRCUIT not in address for address in addresses) else "relayed"
+
+
+# ---- the serving peer ----
+
+
+def serve(dht: Any, target: str) -> None:
+    """Answer PROTOCOL streams by splicing each to the gRPC server at `target` (host:port, on this machine); called
+    again with a new target (the stage restarted on another port), later streams go there."""
+    dht.run_coroutine(functools.partial(_serve, target))
+
+
+def relay_addresses(dht: Any, timeout_s: float = RESERVE_TIMEOUT_S) -> list[str]:
+    """The node's tunnel addresses once it holds a relay slot (empty if none within `timeout_s`)."""
+    return dht.run_coroutine(functools.partial(_relay_addresses, timeout_s))
+
+
+async def _serve(target: str, dht: Any, node: Any) -> None:
+    first = PROTOCOL not in _targets
+    _targets[PROTOCOL] = target
+    if first:
+        await node.p2p.add_binary_stream_handler(PROTOCOL, _accept)
+
+
+async def _accept(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    host, _, port = _targets[PROTOCOL].rpartition(":")
+    try:
+        up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    except OSError as error:
+        logger.warning("tunnel from %s: the gRPC server at %s refused: %s", info.peer_id, _targets[PROTOCOL], error)
+        writer.close()
+        return
+    await splice(reader, writer, up_reader, up_writer)
+
+
+async def _relay_addresses(timeout_s: float, dht: Any, node: Any) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    own = f"/p2p/{node.peer_id}"
+    while True:
+        with contextlib.suppress(ValueError):  # no address yet
+            found = [str(m) for m in await node.p2p.get_visible_maddrs(latest=True) if CIRCUIT in str(m)]
+            if found:
+                return [address if address.endswith(own) else address + own for address in found]
+        if time.monotonic() >= deadline:
+            return []
+        await asyncio.sleep(POLL_S * 5)
+
+
+# ---- the dialer ----
+
+
+def local_address(dht: Any, address: str) -> str:
+    """host:port on this machine whose every TCP connection is a stream to the peer at tunnel `address`."""
+    port = dht.run_coroutine(functools.partial(_bridge, address))
+    return f"127.0.0.1:{port}"
+
+
+def peer_mode(dht: Any, address: str) -> str:
+    """How this node is connected to the peer at tunnel `address` now: "direct", "relayed" or "" (not at all)."""
+    return dht.run_coroutine(functools.partial(_peer_mode, tunnel_peer(address)))
+
+
+async def _bridge(address: str, dht: Any, node: Any) -> int:
+    if address in _bridges:
+        return _bridges[address]
+    from hivemind.p2p import PeerID
+
+    peer = PeerID.from_base58(tunnel_peer(address))
+    server = await asyncio.start_server(functools.partial(_forward, node.p2p, peer, address), "127.0.0.1", 0)
+    _bridges[address] = server.sockets[0].getsockname()[1]
+    return _bridges[address]
+
+
+async def _forward(p2p: Any, peer: Any, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    from hivemind.utils.multiaddr import Multiaddr
+
+    try:
+        if not await _connected(p2p, str(peer)):
+            await p2p._client.connect(peer, [Multiaddr(address.rsplit("/p2p/", 1)[0])])
+            await _direct_within(p2p, str(peer), PUNCH_WAIT_S)
+        _, up_reader, up_writer = await p2p.call_binary_stream_handler(peer, PROTOCOL)
+    except Exception as error:  # unreachable, no relay, no handler: gRPC sees a closed connection and says so
+        logger.warning("tunnel to %s failed: %s", address, error)
+        writer.close()
+        return
+    await splice(reader, writer, up_reader, up_writer)
+
+
+async def _connections(p2p: Any, peer: str) -> list[str]:
+    for info in await p2p.list_peers():
+        if str(info.peer_id) == peer:
+            return [str(address) for address in info.addrs]
+    return []
+
+
+async def _connected(p2p: Any, peer: str) -> bool:
+    return bool(await _connections(p2p, peer))
+
+
+async def _direct_within(p2p: Any, peer: str, seconds: float) -> None:
+    """Give hole punching (which starts as the relayed connection opens) `seconds` to bring a direct connection."""
+    deadline = time.monotonic() + seconds
+    while connection_mode(await _connections(p2p, peer)) != "direct" and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_S)
+
+
+async def _peer_mode(peer: str, dht: Any, node: Any) -> str:
+    return connection_mode(await _connections(node.p2p, peer))
+
+
+# ---- both ----
+
+
+async def splice(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+) -> None:
+    """Copy bytes both ways until either side ends, then close both."""
+
+    async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError, ConnectionError):
+            while data := await source.read(CHUNK_BYTES):
+                sink.write(data)
+                await sink.drain()
+
+    pumps = [asyncio.ensure_future(pump(reader, up_writer)), asyncio.ensure_future(pump(up_reader, writer))]
+    await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+    for task in pumps:
+        task.cancel()
+    for sink in (writer, up_writer):
+        with contextlib.suppress(Exception):
+            sink.close()
