@@ -8,6 +8,7 @@ import argparse
 from swarm.cli._arguments import add_initial_peers_flag
 from swarm.cli._credentials import add_credential_flags
 from swarm.monitoring.snapshot import ModelView
+from swarm.registry.tunnel import shown
 from swarm.types import PeerInfo, block_ranges
 
 
@@ -44,7 +45,7 @@ def render(model: str, peers: list[PeerInfo]) -> str:
     lines.append(header + f"{'queue':>6} {'batch':>6} {'iter ms':>8} {'cache free':>11}")
     for p in peers:
         lines.append(
-            f"{p.peer_id:<17} {p.address or '-':<22} {p.span!s:<10} {p.state.value:<9} "
+            f"{p.peer_id:<17} {shown(p.address) or '-':<22} {p.span!s:<10} {p.state.value:<9} "
             f"{p.forward_tokens_per_s:>10.1f} {p.inference_steps_per_s:>8.1f} {p.queue_length:>6} "
             f"{p.batch_size:>6.1f} {p.iteration_ms:>8.1f} {p.cache_tokens_free:>11}"
         )

@@ -75,6 +75,20 @@ def tunnel_peer(address: str) -> str:
     return address.rsplit("/p2p/", 1)[-1]
 
 
+def relay_of(address: str) -> str:
+    """host:port of the relay a tunnel address goes through ("" when it names none)."""
+    parts = address.split(CIRCUIT, 1)[0].split("/")
+    if CIRCUIT not in address or len(parts) < 5 or parts[3] not in ("tcp", "udp"):
+        return ""
+    host = f"[{parts[2]}]" if parts[1] == "ip6" else parts[2]
+    return f"{host}:{parts[4]}"
+
+
+def shown(address: str) -> str:
+    """An address as people read it: host:port, or "via RELAY_HOST:PORT" for a tunnel address."""
+    return f"via {relay_of(address)}" if is_tunnel(address) else address
+
+
 def connection_mode(addresses: list[str]) -> str:
     """How a node is connected to a peer, from the remote addresses of its connections: "direct" when one of them
     is not through a relay, else "relayed" ("" with none)."""

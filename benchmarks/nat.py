@@ -1,0 +1,65 @@
+"""NAT benchmark (issue 40): one session's speed through a peer that is public, and through the same peer behind a
+symmetric NAT, reached through a relay.
+
+Run: `python -m benchmarks.nat --model .cache/models/smollm2-135m` (root: it makes network namespaces and nftables
+NAT routers). Two swarms in turn (benchmarks/nat_swarm.py), every link at `--rtt-ms` (default 20) RTT: the peer of
+blocks [15, 30) on a public host ("direct"), then in a home namespace behind the NAT, joined with `--via-relay`
+("relayed": its traffic goes client -> bootstrap (the relay) -> home router -> peer). A fresh client generates
+`--max-new-tokens` greedy tokens after a warm-up. The relay adds one link per crossing, and a peer cannot push to a
+relayed one (only clients dial relays), so per token the relayed swarm costs about one link RTT more for the relay
+and half an RTT more for the lost push: `relayed_extra_ms_per_token` against that bound. Hole punching ("punched")
+is not measured: libp2p punches only once 4 other nodes have confirmed the same public address of the peer, which
+this 4-host harness cannot give. Prints one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.nat_swarm import nat_swarm, relayed_hops
+from benchmarks.netns import nat_unavailable_reason
+
+PROMPT_IDS = [504, 3458, 5951, 2777, 1245, 314, 9781, 2162]
+
+
+def measure(model: Path, behind_nat: bool, rtt_ms: float, new_tokens: int) -> dict:
+    with nat_swarm(model, behind_nat=behind_nat, rtt_ms=rtt_ms) as swarm:
+        result = swarm.generate(PROMPT_IDS, new_tokens, warmup=True)
+    return {
+        "tokens_per_s": result["tokens_per_s"],
+        "step_ms_median": result["step_ms_median"],
+        "ttft_ms": result["ttft_ms"],
+        "relayed_hops": relayed_hops(result["route"]),
+        "tokens": result["tokens"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--rtt-ms", type=float, default=20.0)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    ns = parser.parse_args()
+    reason = nat_unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"benchmarks.nat needs network namespaces and nftables: {reason}")
+    direct = measure(ns.model, False, ns.rtt_ms, ns.max_new_tokens)
+    relayed = measure(ns.model, True, ns.rtt_ms, ns.max_new_tokens)
+    extra_ms = relayed["step_ms_median"] - direct["step_ms_median"]
+    report = {
+        "rtt_ms": ns.rtt_ms,
+        "direct": {key: value for key, value in direct.items() if key != "tokens"},
+        "relayed": {key: value for key, value in relayed.items() if key != "tokens"},
+        "same_tokens": direct["tokens"] == relayed["tokens"],
+        "relayed_vs_direct": relayed["tokens_per_s"] / direct["tokens_per_s"],
+        "relayed_extra_ms_per_token": extra_ms,
+        "relayed_extra_bound_ms": 1.5 * ns.rtt_ms + 2.0,  # one link for the relay, half a round trip for the push
+        "punched": None,
+        "punched_vs_direct": None,
+    }
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()

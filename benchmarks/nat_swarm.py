@@ -1,0 +1,71 @@
+"""A swarm whose peer of blocks [15, 30) sits behind a NAT (issue 40), over a WanLink on a public-looking segment:
+`swarm dht --relay` (the bootstrap, keeping relay slots) on host "bootstrap", `swarm peer join` of blocks [0, 15) on
+"peer0", the client on "client", and the second peer either public on "peer1" (direct) or in a home namespace
+behind router "gw" (benchmarks/netns/nat.py), joined with `--via-relay`. Peers run `--no-ray`. Used by
+`python -m benchmarks.nat` and tests/integration/cluster/test_netns_nat_swarm.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.netns import PUBLIC_SUBNET, HomeNetwork, WanLink
+from benchmarks.netns.nat import Mapping
+from benchmarks.wan_swarm import Command
+
+HOSTS = ["bootstrap", "peer0", "client", "gw", "peer1"]
+START_TIMEOUT_S = 180
+SERVING = r"peer \w+ serving blocks \[\d+, \d+\) of \S+ at (\S+)"
+RELAYED = r"serving through the relay at (\S+)"
+
+
+@dataclass
+class NatSwarm:
+    net: WanLink
+    home: HomeNetwork
+    model: Path
+    initial_peers: str = ""
+    peers: dict[str, Command] = field(default_factory=dict)
+    address: str = ""  # the address the second peer announced: a relay's circuit address when behind NAT
+
+    def start_peer(self, host: str, blocks: str, *extra: str) -> Command:
+        """`swarm peer join --no-ray` of `blocks` on `host` ("home": behind the NAT); returns at once."""
+        net = self.home if host == "home" else self.net
+        flags = ["--open", "--model", str(self.model), "--initial-peers", self.initial_peers, "--blocks", blocks]
+        flags += ["--no-ray", "--host", net.address(host), "--ttl", "6", "--drain-grace", "2", *extra]
+        self.peers[host] = Command(net, host, ["-m", "swarm", "peer", "join", *flags])
+        return self.peers[host]
+
+    def generate(self, prompt_ids: Sequence[int], new_tokens: int, warmup: bool = False) -> dict:
+        """benchmarks/wan_client.py's greedy generation from host "client": its JSON line."""
+        args = ["-m", "benchmarks.wan_client", "--model", str(self.model), "--initial-peers", self.initial_peers]
+        args += ["--prompt-ids", ",".join(map(str, prompt_ids)), "--max-new-tokens", str(new_tokens)]
+        args += ["--codec", "NONE", "--dht-host", self.net.address("client"), "--warmup" if warmup else "--no-warmup"]
+        client = Command(self.net, "client", args)
+        return json.loads(client.wait_for(r"^\{.*\}$", START_TIMEOUT_S).group(0))
+
+
+@contextlib.contextmanager
+def nat_swarm(
+    model: Path, behind_nat: bool = True, mapping: Mapping = "symmetric", rtt_ms: float = 0.0
+) -> Iterator[NatSwarm]:
+    """The swarm, serving; every namespace and process is gone when the block ends."""
+    with contextlib.ExitStack() as stack:
+        net = stack.enter_context(WanLink(HOSTS, rtt_ms=rtt_ms, subnet=PUBLIC_SUBNET))
+        home = stack.enter_context(HomeNetwork(net, "gw", "home", mapping=mapping))
+        swarm = NatSwarm(net, home, model)
+        relay = ["-m", "swarm", "dht", "--open", "--relay", "--host", net.address("bootstrap")]
+        swarm.initial_peers = Command(net, "bootstrap", relay).wait_for(r"initial peers: (\S+)", 60).group(1)
+        swarm.start_peer("peer0", "0:15")
+        second = swarm.start_peer("home", "15:30", "--via-relay") if behind_nat else swarm.start_peer("peer1", "15:30")
+        served = {host: command.wait_for(SERVING, START_TIMEOUT_S).group(1) for host, command in swarm.peers.items()}
+        swarm.address = second.wait_for(RELAYED, 60).group(1) if behind_nat else served["peer1"]
+        yield swarm
+
+
+def relayed_hops(route: str) -> list[bool]:
+    """Per hop of a wan_client route line, whether it goes through a relay."""
+    return ["/p2p-circuit/" in hop for hop in route.split(",")]

@@ -1,0 +1,35 @@
+"""Tunnel addresses (swarm/registry/tunnel.py): how a peer behind NAT is named in its record, and what the client
+and `swarm status` read from it, without a DHT node."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarm.errors import PeerUnavailable
+from swarm.registry import tunnel
+
+RELAY = "12D3KooWF7KouDP2b3Dv8CdikVGvYnpRMLrpL3TEkV4pExM7BJmQ"
+PEER = "12D3KooWHqYM2p5edT9JnfRg1EPQonwPjKv9eMtMksx3oGxPEbVb"
+CIRCUIT = f"/ip4/44.77.0.10/tcp/37541/p2p/{RELAY}/p2p-circuit/p2p/{PEER}"
+
+
+def test_a_tunnel_address_names_its_peer_and_its_relay() -> None:
+    assert tunnel.is_tunnel(CIRCUIT) and not tunnel.is_tunnel("10.0.0.2:31337")
+    assert tunnel.tunnel_peer(CIRCUIT) == PEER
+    assert tunnel.relay_of(CIRCUIT) == "44.77.0.10:37541"
+    assert tunnel.relay_of(f"/ip6/fe80::1/tcp/4001/p2p/{RELAY}/p2p-circuit/p2p/{PEER}") == "[fe80::1]:4001"
+    assert tunnel.shown(CIRCUIT) == "via 44.77.0.10:37541" and tunnel.shown("10.0.0.2:1") == "10.0.0.2:1"
+
+
+def test_the_mode_of_a_connection_comes_from_its_remote_addresses() -> None:
+    relayed = f"/ip4/44.77.0.10/tcp/37541/p2p/{RELAY}/p2p-circuit"
+    assert tunnel.connection_mode([relayed]) == "relayed"
+    assert tunnel.connection_mode([relayed, "/ip4/44.77.0.13/tcp/40000"]) == "direct"  # punched or dialled
+    assert tunnel.connection_mode([]) == ""
+
+
+def test_a_direct_address_goes_to_grpc_as_it_is_and_a_tunnel_needs_a_dht_node(monkeypatch) -> None:
+    monkeypatch.setattr(tunnel, "_dialer", None)
+    assert tunnel.channel_address("10.0.0.2:31337") == "10.0.0.2:31337"
+    with pytest.raises(PeerUnavailable, match="no DHT node"):
+        tunnel.channel_address(CIRCUIT)
