@@ -16,7 +16,7 @@ from benchmarks.netns import PUBLIC_SUBNET, HomeNetwork, WanLink
 from benchmarks.netns.nat import Mapping
 from benchmarks.wan_swarm import Command
 
-HOSTS = ["bootstrap", "peer0", "client", "gw", "peer1"]
+HOSTS = ["bootstrap", "relay2", "peer0", "client", "gw", "peer1"]
 START_TIMEOUT_S = 180
 SERVING = r"peer \w+ serving blocks \[\d+, \d+\) of \S+ at (\S+)"
 RELAYED = r"serving through the relay at (\S+)"
@@ -39,31 +39,50 @@ class NatSwarm:
         self.peers[host] = Command(net, host, ["-m", "swarm", "peer", "join", *flags])
         return self.peers[host]
 
-    def generate(self, prompt_ids: Sequence[int], new_tokens: int, warmup: bool = False) -> dict:
-        """benchmarks/wan_client.py's greedy generation from host "client": its JSON line."""
+    def start_client(self, prompt_ids: Sequence[int], new_tokens: int, warmup: bool = False) -> Command:
+        """benchmarks/wan_client.py's greedy generation from host "client" (it prints each token as it comes)."""
         args = ["-m", "benchmarks.wan_client", "--model", str(self.model), "--initial-peers", self.initial_peers]
         args += ["--prompt-ids", ",".join(map(str, prompt_ids)), "--max-new-tokens", str(new_tokens)]
         args += ["--codec", "NONE", "--dht-host", self.net.address("client"), "--warmup" if warmup else "--no-warmup"]
-        client = Command(self.net, "client", args)
-        return json.loads(client.wait_for(r"^\{.*\}$", START_TIMEOUT_S).group(0))
+        return Command(self.net, "client", args)
+
+    def generate(self, prompt_ids: Sequence[int], new_tokens: int, warmup: bool = False) -> dict:
+        """A client's generation, to its end: its JSON line."""
+        return result_of(self.start_client(prompt_ids, new_tokens, warmup))
+
+    def host_at(self, address: str) -> str:
+        """The public host whose address `address` (host:port) names."""
+        return next(host for host in HOSTS if address.rsplit(":", 1)[0] == self.net.address(host))
+
+
+def result_of(client: Command) -> dict:
+    return json.loads(client.wait_for(r"^\{.*\}$", START_TIMEOUT_S).group(0))
 
 
 @contextlib.contextmanager
 def nat_swarm(
-    model: Path, behind_nat: bool = True, mapping: Mapping = "symmetric", rtt_ms: float = 0.0
+    model: Path, behind_nat: bool = True, mapping: Mapping = "symmetric", rtt_ms: float = 0.0, relays: int = 1
 ) -> Iterator[NatSwarm]:
-    """The swarm, serving; every namespace and process is gone when the block ends."""
+    """The swarm, serving; every namespace and process is gone when the block ends. `relays`: 2 adds a second
+    `swarm dht --relay` on host "relay2", and everyone joins through both."""
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(WanLink(HOSTS, rtt_ms=rtt_ms, subnet=PUBLIC_SUBNET))
         home = stack.enter_context(HomeNetwork(net, "gw", "home", mapping=mapping))
         swarm = NatSwarm(net, home, model)
-        relay = ["-m", "swarm", "dht", "--open", "--relay", "--host", net.address("bootstrap")]
-        swarm.initial_peers = Command(net, "bootstrap", relay).wait_for(r"initial peers: (\S+)", 60).group(1)
+        swarm.initial_peers = start_relay(net, "bootstrap", [])
+        if relays > 1:
+            swarm.initial_peers += "," + start_relay(net, "relay2", [swarm.initial_peers])
         swarm.start_peer("peer0", "0:15")
         second = swarm.start_peer("home", "15:30", "--via-relay") if behind_nat else swarm.start_peer("peer1", "15:30")
         served = {host: command.wait_for(SERVING, START_TIMEOUT_S).group(1) for host, command in swarm.peers.items()}
         swarm.address = second.wait_for(RELAYED, 60).group(1) if behind_nat else served["peer1"]
         yield swarm
+
+
+def start_relay(net: WanLink, host: str, initial_peers: list[str]) -> str:
+    """`swarm dht --relay` on `host`, joined through `initial_peers`: its multiaddress, once it serves."""
+    flags = ["--open", "--relay", "--host", net.address(host), *(f"--initial-peers={peer}" for peer in initial_peers)]
+    return Command(net, host, ["-m", "swarm", "dht", *flags]).wait_for(r"initial peers: (\S+)", 60).group(1)
 
 
 def relayed_hops(route: str) -> list[bool]:

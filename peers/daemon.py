@@ -23,6 +23,7 @@ from peers.rebalance import Rebalancer
 from peers.stage_handle import INFO_TIMEOUT_S, DrainOutcome, StageHandle, start_stage
 from swarm.partition import open_checkpoint
 from swarm.registry import Announcer, Registry
+from swarm.registry.tunnel import relay_addresses
 from swarm.registry.tunnel import serve as serve_tunnel
 from swarm.types import PeerInfo, PeerState, Span
 
@@ -117,12 +118,22 @@ class PeerDaemon:
         self.announcer.announce_now()
 
     def _reached_at(self, stage_address: str) -> str:
-        """The address to announce for a stage serving at `stage_address` (again where it restarted elsewhere)."""
+        """The address to announce for a stage serving at `stage_address` (again where it restarted elsewhere);
+        through a relay, the slot the DHT node holds now: when its relay is gone it moves to another one it holds
+        (an initial peer started with --relay), and clients fail over to that within an announce period."""
         if not self.tunnel_address:
             return stage_address
         if stage_address != self._tunnel_target:
             serve_tunnel(self.registry.dht, stage_address)
             self._tunnel_target = stage_address
+        try:
+            held = relay_addresses(self.registry.dht, timeout_s=0.0)
+        except Exception as error:  # the DHT process is busy or stopping: keep the last one
+            logger.warning("peer=%s relay slots not read: %s", self.peer_id, error)
+            held = [self.tunnel_address]
+        if held and self.tunnel_address not in held:
+            logger.warning("peer=%s relay slot %s gone: now %s", self.peer_id, self.tunnel_address, held[0])
+            self.tunnel_address = held[0]
         return self.tunnel_address
 
     def _allow_pushes(self, stage: StageHandle, span: Span) -> None:

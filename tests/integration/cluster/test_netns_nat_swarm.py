@@ -3,7 +3,8 @@ on a public segment, and the peer of blocks [15, 30) in a home namespace behind 
 masquerade with random ports, benchmarks/netns/nat.py): nobody can dial it. It joins with `--via-relay`: its DHT
 node reserves a slot on the bootstrap, it announces the relay's circuit address, and the client reaches it through
 the relay (libp2p circuit relay v2 in hivemind's p2pd, carrying gRPC's bytes). Greedy tokens equal local
-transformers' token for token; the route's second hop is the relayed address."""
+transformers' token for token; the route's second hop is the relayed address. With two relays, SIGKILLing the one
+in use mid-generation costs a failover: the peer moves to its slot on the other, and the tokens stay the same."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.nat_swarm import NatSwarm, nat_swarm, relayed_hops
+from benchmarks.nat_swarm import NatSwarm, nat_swarm, relayed_hops, result_of
 from benchmarks.netns import namespaces, nat_unavailable_reason
+from swarm.registry.tunnel import relay_of
 
 from .test_netns_swarm import NEW_TOKENS, PROMPT_IDS, local_greedy
 
@@ -24,20 +26,35 @@ pytestmark = [
 ]
 
 
+KILL_AT_TOKEN = 4
+
+
 @pytest.fixture(scope="module")
 def swarm(smollm2_path: Path) -> Iterator[NatSwarm]:
-    with nat_swarm(smollm2_path, behind_nat=True, mapping="symmetric") as serving:
+    with nat_swarm(smollm2_path, behind_nat=True, mapping="symmetric", relays=2) as serving:
         yield serving
 
 
 def test_a_peer_behind_symmetric_nat_serves_through_the_relay_with_local_tokens(
     swarm: NatSwarm, smollm2_path: Path
 ) -> None:
-    bootstrap = swarm.net.address("bootstrap")
-    assert swarm.address.startswith(f"/ip4/{bootstrap}/tcp/") and "/p2p-circuit/p2p/" in swarm.address
+    assert swarm.host_at(relay_of(swarm.address)) in ("bootstrap", "relay2") and "/p2p-circuit/p2p/" in swarm.address
     result = swarm.generate(PROMPT_IDS, NEW_TOKENS)
     assert result["tokens"] == local_greedy(smollm2_path)
     assert result["route"].split(",")[1] == swarm.address and relayed_hops(result["route"]) == [False, True]
+
+
+def test_the_relay_killed_mid_generation_costs_a_failover_not_the_tokens(swarm: NatSwarm, smollm2_path: Path) -> None:
+    client = swarm.start_client(PROMPT_IDS, NEW_TOKENS)
+    route = client.wait_for(r"^route (\S+)", 180).group(1).split(",")
+    relay = swarm.host_at(relay_of(route[1]))
+    client.wait_for(rf"^token {KILL_AT_TOKEN} ", 60)
+    assert swarm.net.kill_host(relay)
+    result = result_of(client)
+    assert result["tokens"] == local_greedy(smollm2_path)
+    assert relayed_hops(result["route"]) == [False, True]
+    moved = swarm.peers["home"].wait_for(r"relay slot \S+ gone: now (\S+)", 30).group(1)
+    assert swarm.host_at(relay_of(moved)) not in (relay, "home")  # announced through the relay left
 
 
 def test_closing_leaves_no_namespace(swarm: NatSwarm) -> None:
