@@ -19,6 +19,7 @@ from peers.push_targets import PushTargets
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
 from swarm.errors import InvalidRequest, Overloaded, PermissionDenied, SessionNotFound
+from swarm.registry.tunnel import can_dial
 from swarm.security import SwarmCredentials
 
 logger = logging.getLogger(__name__)
@@ -262,7 +263,7 @@ class Pusher:
         if not targets or ran.hypo_ids or output.ByteSize() > self.max_message_bytes - 4096:
             return False
         target, rest = targets[0], targets[1:]
-        if not self.targets.allows(target.address) or not self._start(target.address):
+        if not self._allowed(target.address) or not self._start(target.address):
             return False
         step = pb.InferenceStep(step_id=ran.step_id, position=ran.position, hidden_states=output, push_to=rest)
         request = pb.PushRequest(
@@ -301,7 +302,7 @@ class Pusher:
         request = pb.PushBatchRequest(protocol_version=version, steps=pb.StepBatch(steps=steps, hidden_states=output))
         if request.ByteSize() > self.max_message_bytes - 4096:
             return [False] * len(ran)
-        if not self.targets.allows(address) or not self._start(address):
+        if not self._allowed(address) or not self._start(address):
             return [False] * len(ran)
         wait_s = self.deadlines.answer_wait_s(address)
         pushing = asyncio.get_running_loop().run_in_executor(self._threads, self._counted_batch, address, request)
@@ -324,6 +325,11 @@ class Pusher:
             return [False] * count
         finally:
             self._finished(address)
+
+    def _allowed(self, address: str) -> bool:
+        """A next peer the registry lists, that this process can reach (a peer behind a relay only from a stage in
+        its daemon's process, which has a DHT node to dial it: swarm/registry/tunnel.py)."""
+        return self.targets.allows(address) and can_dial(address)
 
     def _start(self, address: str) -> bool:
         """Count a push to `address` as under way; False when PUSH_IN_FLIGHT_PER_TARGET already are."""

@@ -36,7 +36,6 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.prefix_keys import Tail
-from swarm.registry.tunnel import is_tunnel
 from swarm.router import Router, serving
 from swarm.router.bans import answered_alive
 from swarm.security import SwarmCredentials
@@ -264,10 +263,7 @@ class InferenceSession:
         return resend
 
     def push_targets(self, first: int) -> list[pb.PushTarget]:
-        """The hops from `first` on that peers push to, up to the first behind a relay (only clients dial those)."""
-        hops = self.hops[first:] if self.push else []
-        relayed = next((i for i, state in enumerate(hops) if is_tunnel(state.hop.address)), len(hops))
-        return [state.session.target for state in hops[:relayed]]
+        return [state.session.target for state in self.hops[first:]] if self.push else []
 
     def _fail_over(self, index: int, error: SwarmError) -> bool:
         """Replace hop `index` by a new route for its span, replaying its inputs; retries while peers keep failing.

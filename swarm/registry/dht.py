@@ -19,6 +19,7 @@ from swarm.registry.reachability import Reachability
 from swarm.registry.reachability import check as check_reachability
 from swarm.registry.reachability import serve as serve_reachability
 from swarm.registry.records import InvalidRecord, from_dht, to_dht
+from swarm.registry.relay_probe import relays_past_the_default_cap
 from swarm.registry.signing import RecordSigning, split_subkey
 from swarm.registry.tunnel import CIRCUIT, dial_through, relay_addresses
 from swarm.security import SwarmCredentials
@@ -30,6 +31,7 @@ MODELS_KEY = "rayswarm.models"
 # hivemind never completes a read whose winning value it cannot decode (a signed but garbled value, or one with a
 # proof it does not know how to strip): its callback raises and the future is left pending. Reads give up instead.
 READ_TIMEOUT_S = 30.0
+RELAY_STARTS = 5  # starts of a relay node until its relay serves past libp2p's default cap
 
 
 def peers_key(model: str) -> str:
@@ -108,6 +110,8 @@ class Registry:
         self.signing, self.read_timeout_s = RecordSigning(credentials, signing_key), read_timeout_s
         node = {"initial_peers": initial_peers, "host_maddrs": host_maddrs, "client_mode": client_mode}
         self.dht = self._start(dict(node, announce_maddrs=announce_maddrs, **p2p_options(client_mode, relay)))
+        if relay == "offer" and not client_mode:
+            self._until_relays_are_lifted(dict(node, announce_maddrs=announce_maddrs, **p2p_options(False, relay)))
         self.initial_peers = initial_peers
         self.tunnel_addresses: list[str] = []  # where clients reach this node's peer through a relay, if they must
         dial_through(self.dht)
@@ -125,6 +129,22 @@ class Registry:
             return start_dht(record_validators=self.signing.validators, **options)
         except Exception as error:  # hivemind raises P2PDaemonError, ValueError, TimeoutError...
             raise PeerUnavailable(f"cannot join the DHT through {options['initial_peers']}: {error}") from error
+
+    def _until_relays_are_lifted(self, options: dict[str, Any]) -> None:
+        """Start the node again while its relay cuts circuits at libp2p's default cap (swarm/registry/relay_probe.py:
+        a start-up race inside p2pd, lost about 1 start in 5)."""
+        for attempt in range(1, RELAY_STARTS + 1):
+            if relays_past_the_default_cap(self.dht):
+                return
+            logger.info(
+                "this node's relay kept libp2p's default cap (start %d of %d): starting again", attempt, RELAY_STARTS
+            )
+            self.dht.shutdown()
+            self.dht = self._start(options)
+        logger.warning(
+            "this node's relay still cuts circuits at 128 KiB after %d starts: peers behind NAT will fail over often",
+            RELAY_STARTS,
+        )
 
     def _relayed(self, node: dict[str, Any]) -> None:
         """Nobody can dial this node: start it again reserving a relay slot on its initial peers, and keep the

@@ -46,6 +46,12 @@ def dial_through(dht: Any) -> None:
         _dialer = dht
 
 
+def can_dial(address: str) -> bool:
+    """Whether this process can open a channel to `address`: a direct one always; a tunnel address where it has a
+    DHT node (a client; a peer whose stage runs in its daemon's process, `--no-ray`; not a Ray stage actor)."""
+    return not is_tunnel(address) or (_dialer is not None and _dialer.is_alive())
+
+
 def channel_address(address: str) -> str:
     """What a gRPC channel to `address` connects to: the address itself, or for a tunnel address the local port
     that carries it (opened on first use).
@@ -55,7 +61,7 @@ def channel_address(address: str) -> str:
     """
     if not is_tunnel(address):
         return address
-    if _dialer is None or not _dialer.is_alive():
+    if not can_dial(address):
         from swarm.errors import PeerUnavailable
 
         raise PeerUnavailable(f"{address} is reached through a relay, and this process has no DHT node to dial it")
@@ -168,11 +174,9 @@ async def _bridge(address: str, dht: Any, node: Any) -> int:
 
 
 async def _forward(p2p: Any, peer: Any, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-    from hivemind.utils.multiaddr import Multiaddr
-
     try:
         if not await _connected(p2p, str(peer)):
-            await p2p._client.connect(peer, [Multiaddr(address.rsplit("/p2p/", 1)[0])])
+            await p2p._client.connect(peer, [WireAddress(address.rsplit("/p2p/", 1)[0])])
             await _direct_within(p2p, str(peer), PUNCH_WAIT_S)
         _, up_reader, up_writer = await p2p.call_binary_stream_handler(peer, PROTOCOL)
     except Exception as error:  # unreachable, no relay, no handler: gRPC sees a closed connection and says so
@@ -180,6 +184,44 @@ async def _forward(p2p: Any, peer: Any, address: str, reader: asyncio.StreamRead
         writer.close()
         return
     await splice(reader, writer, up_reader, up_writer)
+
+
+class WireAddress:
+    """A relay's circuit address (`/ip4/HOST/tcp/PORT/p2p/RELAY/p2p-circuit`) in p2pd's binary form. hivemind's
+    Multiaddr writes a /p2p/ value as a CID, which p2pd does not read ("length greater than remaining number of
+    bytes in buffer": every reconnection to a relayed peer failed); p2pd wants the peer id's multihash."""
+
+    P2P = 0x01A5
+    P2P_CIRCUIT = 0x0122
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def to_bytes(self) -> bytes:
+        from hivemind.p2p import PeerID
+        from hivemind.utils.multiaddr import Multiaddr
+
+        base, _, rest = self.address.partition("/p2p/")
+        relay, _, tail = rest.partition("/")
+        if tail != CIRCUIT.strip("/"):
+            raise ValueError(f"not a relay's circuit address: {self.address}")
+        multihash = PeerID.from_base58(relay).to_bytes()
+        return (
+            Multiaddr(base).to_bytes()
+            + _varint(self.P2P)
+            + _varint(len(multihash))
+            + multihash
+            + _varint(self.P2P_CIRCUIT)
+        )
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 async def _connections(p2p: Any, peer: str) -> list[str]:

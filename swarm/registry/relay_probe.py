@@ -1,0 +1,77 @@
+"""Whether a node's relay serves circuits past libp2p's default cap, checked once as it starts (issue 40).
+
+hivemind's p2pd starts two relay services on a relay node: one with the limits it is given (4 GiB and 30 minutes
+per circuit), started when the node is found public, and one with libp2p's defaults (128 KiB per direction and
+2 minutes), started as the daemon comes up. Both serve the same protocol, and whichever registers last answers:
+a start-up race. Measured in benchmarks/netns (`swarm dht --relay` in one namespace, a peer behind NAT reserving
+on it, 4 MB echoed through the circuit): 1 start in 4 cut every circuit at ~128 KiB, which a gRPC connection
+through the relay crosses within seconds of decoding. So a relay probes itself: a private node on this machine
+reserves a slot on it, a second one sends PROBE_BYTES (twice the default cap) to the first through the relay, and
+only an answer after all of them counts. Registry starts a relay node again until the probe passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from swarm.registry.tunnel import CIRCUIT, WireAddress
+
+PROTOCOL = "rayswarm.relay-probe"
+PROBE_BYTES = 1 << 18  # 256 KiB: twice libp2p's default cap of a circuit, in one direction
+PROBE_TIMEOUT_S = 20.0
+RESERVE_TIMEOUT_S = 10.0
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+def relays_past_the_default_cap(dht: Any) -> bool:
+    """Probe the relay of `dht`'s node (in its DHT process) as the module docstring says."""
+    return dht.run_coroutine(_probe)
+
+
+async def _probe(dht: Any, node: Any) -> bool:
+    from hivemind.p2p import P2P
+
+    own = [str(m) for m in await node.p2p.get_visible_maddrs()]
+    common = {"host_maddrs": [LOOPBACK], "dht_mode": "client", "auto_nat": False, "nat_port_map": False}
+    relayed = await P2P.create(
+        initial_peers=own, force_reachability="private", use_auto_relay=True, trusted_relays=own, **common
+    )
+    dialer = await P2P.create(initial_peers=own, **common)
+    try:
+        await relayed.add_binary_stream_handler(PROTOCOL, _count)
+        await _connect_through(dialer, relayed.peer_id, WireAddress(own[0] + CIRCUIT))
+        _, reader, writer = await dialer.call_binary_stream_handler(relayed.peer_id, PROTOCOL)
+        writer.write(bytes(PROBE_BYTES))
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(2), PROBE_TIMEOUT_S) == b"ok"
+    except Exception:  # reset at the cap, or no circuit at all: the probe failed
+        return False
+    finally:
+        for p2p in (dialer, relayed):
+            with contextlib.suppress(Exception):
+                await p2p.shutdown()
+
+
+async def _connect_through(dialer: Any, peer: Any, circuit: WireAddress) -> None:
+    """Connect through the relay once the slot is reserved (a moment after the relayed node starts)."""
+    deadline = time.monotonic() + RESERVE_TIMEOUT_S
+    while True:
+        try:
+            return await dialer._client.connect(peer, [circuit])
+        except Exception:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def _count(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    received = 0
+    while received < PROBE_BYTES and (data := await reader.read(1 << 16)):
+        received += len(data)
+    if received >= PROBE_BYTES:
+        writer.write(b"ok")
+        await writer.drain()
+    writer.close()
