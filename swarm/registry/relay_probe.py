@@ -23,7 +23,6 @@ PROTOCOL = "rayswarm.relay-probe"
 PROBE_BYTES = 1 << 18  # 256 KiB: twice libp2p's default cap of a circuit, in one direction
 PROBE_TIMEOUT_S = 20.0
 RESERVE_TIMEOUT_S = 10.0
-LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
 def relays_past_the_default_cap(dht: Any) -> bool:
@@ -35,22 +34,26 @@ async def _probe(dht: Any, node: Any) -> bool:
     from hivemind.p2p import P2P
 
     own = [str(m) for m in await node.p2p.get_visible_maddrs()]
-    common = {"host_maddrs": [LOOPBACK], "dht_mode": "client", "auto_nat": False, "nat_port_map": False}
-    relayed = await P2P.create(
-        initial_peers=own, force_reachability="private", use_auto_relay=True, trusted_relays=own, **common
-    )
-    dialer = await P2P.create(initial_peers=own, **common)
+    host = "/".join(own[0].split("/")[:3])  # the relay's own address: the probe's nodes dial from it
+    common = {"host_maddrs": [f"{host}/tcp/0"], "dht_mode": "client", "auto_nat": False, "nat_port_map": False}
+    started: list[Any] = []
     try:
+        relayed = await P2P.create(
+            initial_peers=own, force_reachability="private", use_auto_relay=True, trusted_relays=own, **common
+        )
+        started.append(relayed)
+        dialer = await P2P.create(initial_peers=own, **common)
+        started.append(dialer)
         await relayed.add_binary_stream_handler(PROTOCOL, _count)
         await _connect_through(dialer, relayed.peer_id, WireAddress(own[0] + CIRCUIT))
         _, reader, writer = await dialer.call_binary_stream_handler(relayed.peer_id, PROTOCOL)
         writer.write(bytes(PROBE_BYTES))
         await writer.drain()
         return await asyncio.wait_for(reader.read(2), PROBE_TIMEOUT_S) == b"ok"
-    except Exception:  # reset at the cap, or no circuit at all: the probe failed
+    except Exception:  # reset at the cap, no circuit at all, or a probe node that did not start: failed
         return False
     finally:
-        for p2p in (dialer, relayed):
+        for p2p in started:
             with contextlib.suppress(Exception):
                 await p2p.shutdown()
 
