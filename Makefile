@@ -43,7 +43,7 @@ test-integration: $(MODEL_READY) test-tools grafana-schema load-tool
 test-system: $(MODEL_READY) test-tools
 	$(PY) tests/run_tiers.py --tier system
 
-bench: $(MODEL_READY)
+bench: $(MODEL_READY) test-tools
 	$(PY) -m benchmarks.codec --model $(MODEL)
 	$(PY) -m benchmarks.generate --model $(MODEL)
 	$(PY) -m benchmarks.auth
@@ -53,6 +53,7 @@ bench: $(MODEL_READY)
 	$(PY) -m benchmarks.serve --model $(MODEL)
 	$(PY) -m benchmarks.api --model $(MODEL)
 	$(PY) -m benchmarks.wan --model $(MODEL)
+	$(PY) -m benchmarks.nat --model $(MODEL)
 	$(PY) -m benchmarks.speculative --model $(MODEL)
 	$(PY) -m benchmarks.prefix --model $(MODEL)
 	$(PY) -m benchmarks.quant --model $(MODEL)
