@@ -66,7 +66,33 @@ def unavailable_reason() -> str | None:
     return None
 
 
-class WanLink:
+class NamespaceProcesses:
+    """Processes started in a host's namespace, each in its own session, tracked so that closing kills them: what
+    WanLink and HomeNetwork (nat.py) share. Subclasses say how a command enters a host's namespace."""
+
+    python_executable: str
+    processes: list[subprocess.Popen]
+
+    def command(self, host: str, argv: Sequence[str]) -> list[str]:
+        raise NotImplementedError
+
+    def popen(
+        self, host: str, argv: Sequence[str], env: dict[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.Popen:
+        """Start `argv` in `host`'s namespace, in its own session (killed with its group on close), cwd the repo."""
+        kwargs.setdefault("cwd", REPO_ROOT)
+        process = subprocess.Popen(self.command(host, argv), env=env, start_new_session=True, **kwargs)
+        self.processes.append(process)
+        return process
+
+    def python(
+        self, host: str, args: Sequence[str], env: dict[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.Popen:
+        """This interpreter (the repo's venv) with `args`, in `host`'s namespace."""
+        return self.popen(host, [self.python_executable, *args], env=env, **kwargs)
+
+
+class WanLink(NamespaceProcesses):
     """Namespaces `hosts` (names of your choice) on one emulated network.
 
     Args:
@@ -106,21 +132,6 @@ class WanLink:
     def command(self, host: str, argv: Sequence[str]) -> list[str]:
         """`argv` run inside `host`'s namespace."""
         return ["ip", "netns", "exec", self.namespace(host), *argv]
-
-    def popen(
-        self, host: str, argv: Sequence[str], env: dict[str, str] | None = None, **kwargs: Any
-    ) -> subprocess.Popen:
-        """Start `argv` in `host`'s namespace, in its own session (killed with its group on close), cwd the repo."""
-        kwargs.setdefault("cwd", REPO_ROOT)
-        process = subprocess.Popen(self.command(host, argv), env=env, start_new_session=True, **kwargs)
-        self.processes.append(process)
-        return process
-
-    def python(
-        self, host: str, args: Sequence[str], env: dict[str, str] | None = None, **kwargs: Any
-    ) -> subprocess.Popen:
-        """This interpreter (the repo's venv) with `args`, in `host`'s namespace."""
-        return self.popen(host, [self.python_executable, *args], env=env, **kwargs)
 
     def __enter__(self) -> WanLink:
         atexit.register(self.close)

@@ -26,9 +26,9 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
-from benchmarks.netns.link import REPO_ROOT, WanLink, _ip, _kill_all, unavailable_reason
+from benchmarks.netns.link import NamespaceProcesses, WanLink, _ip, _kill_all, unavailable_reason
 
 Mapping = Literal["cone", "symmetric"]
 MASQUERADE: dict[str, str] = {"cone": "masquerade", "symmetric": "masquerade fully-random"}
@@ -64,7 +64,7 @@ table ip {table} {{
 """
 
 
-class HomeNetwork:
+class HomeNetwork(NamespaceProcesses):
     """The host `home` behind `router` (a host of `net`) with a NAT of kind `mapping` ("cone" or "symmetric").
 
     Its methods take the host name first, as WanLink's do, so that helpers written for a WanLink (probe.py,
@@ -112,21 +112,6 @@ class HomeNetwork:
         """`argv` run inside the home's namespace."""
         self._check(host)
         return ["ip", "netns", "exec", self.namespace, *argv]
-
-    def popen(
-        self, host: str, argv: Sequence[str], env: dict[str, str] | None = None, **kwargs: Any
-    ) -> subprocess.Popen:
-        """Start `argv` in the home's namespace, in its own session (killed with its group on close), cwd the repo."""
-        kwargs.setdefault("cwd", REPO_ROOT)
-        process = subprocess.Popen(self.command(host, argv), env=env, start_new_session=True, **kwargs)
-        self.processes.append(process)
-        return process
-
-    def python(
-        self, host: str, args: Sequence[str], env: dict[str, str] | None = None, **kwargs: Any
-    ) -> subprocess.Popen:
-        """This interpreter (the repo's venv) with `args`, in the home's namespace."""
-        return self.popen(host, [self.python_executable, *args], env=env, **kwargs)
 
     def pids(self, host: str | None = None) -> list[int]:
         """The PIDs in the home's namespace now (see WanLink.pids)."""
