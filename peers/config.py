@@ -136,6 +136,7 @@ class PeerConfig:
     # NAT (swarm/registry/tunnel.py): "offer": keep relay slots for peers behind NAT (`--relay`); "use": when
     # nobody can dial this peer, serve through a relay on an initial peer (`--via-relay`); "": neither.
     relay: str = ""
+    relay_max_circuits: int | None = None  # with "offer": circuits relayed at once for one peer (None: Registry's)
     server: ServerConfig = field(default_factory=ServerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
@@ -218,6 +219,7 @@ class PeerConfig:
             ray_resources=parse_resources(getattr(ns, "ray_resources", None)),
             in_process=getattr(ns, "no_ray", False),
             relay="use" if getattr(ns, "via_relay", False) else "offer" if getattr(ns, "relay", False) else "",
+            **given(ns, relay_max_circuits="relay_max_circuits"),
             server=server,
             placement=placement,
         )

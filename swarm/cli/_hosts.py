@@ -58,3 +58,19 @@ def check_announced(host: str, announce: str, initial_peers: Sequence[str] = ())
     """
     toward = multiaddr_host(initial_peers[0]) if initial_peers else None
     return HostConfig(host, announce).announced(toward)
+
+
+def add_relay_flags(parser: argparse.ArgumentParser) -> None:
+    """--relay and --relay-max-circuits: a reachable node that keeps relay slots for peers behind NAT."""
+    from swarm.cli._arguments import at_least
+
+    parser.add_argument(
+        "--relay", action="store_true", help="keep relay slots for peers behind NAT (this node must be reachable)"
+    )
+    parser.add_argument(
+        "--relay-max-circuits",
+        type=at_least(1, int),
+        default=None,
+        metavar="N",
+        help="with --relay: circuits relayed at once for one peer (default 16)",
+    )

@@ -14,7 +14,7 @@ import argparse
 from swarm.cli._arguments import add_initial_peers_flag, free_port, port
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import StopSignals, no_shared_memory_manager
-from swarm.cli._hosts import add_host_flags, check_announced
+from swarm.cli._hosts import add_host_flags, add_relay_flags, check_announced
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,9 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dht-port", type=port, default=0, help="port of the DHT node (default: any)")
     add_initial_peers_flag(parser, required=False)  # join that DHT; without it, start a new one
     add_host_flags(parser, what="DHT node")
-    parser.add_argument(
-        "--relay", action="store_true", help="keep relay slots for peers behind NAT (`swarm peer join --via-relay`)"
-    )
+    add_relay_flags(parser)
     parser.set_defaults(run=run)
 
 
@@ -46,6 +44,7 @@ def run(ns: argparse.Namespace) -> int:
             announce_host=ns.announce_host,
             credentials=credentials,
             relay="offer" if ns.relay else "",
+            **({"relay_max_circuits": ns.relay_max_circuits} if ns.relay_max_circuits is not None else {}),
         )
         try:
             flag = "--open" if credentials.is_open else "--credentials DIR"

@@ -29,7 +29,7 @@ from swarm.cli._arguments import (
 )
 from swarm.cli._credentials import add_credential_flags
 from swarm.cli._daemon import StopSignals, no_shared_memory_manager
-from swarm.cli._hosts import add_host_flags, check_announced
+from swarm.cli._hosts import add_host_flags, add_relay_flags, check_announced
 from swarm.cli._peer_flags import add_engine_flags, add_limit_flags, add_placement_flags
 from swarm.errors import InvalidArgument
 from swarm.partition.quantize import QUANT_MODES
@@ -69,9 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve the blocks in this process, without Ray: the lightest peer (no Ray node, one process importing "
         "torch); a crash of the blocks' server ends the command (exit 1) instead of Ray restarting it",
     )
-    join.add_argument(
-        "--relay", action="store_true", help="keep relay slots for peers behind NAT (this peer must be reachable)"
-    )
+    add_relay_flags(join)
     join.add_argument(
         "--via-relay",
         action="store_true",
@@ -186,6 +184,7 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
         announce_host=config.announce_host,
         credentials=config.server.credentials,
         relay=config.relay,
+        **({"relay_max_circuits": config.relay_max_circuits} if config.relay_max_circuits else {}),
     )
     phases.done("DHT node")
     try:

@@ -40,8 +40,10 @@ def start_dht(**kwargs: Any) -> ParentBoundDHT:
     itself would wait forever. Errors the child reports (a refused initial peer, a bad address) are raised at once:
     trying again would not change them."""
     kwargs.setdefault("startup_timeout", P2PD_STARTUP_TIMEOUT_S)
+    p2pd_flags = kwargs.pop("p2pd_flags", {})
     for attempt in range(1, START_ATTEMPTS + 1):
         dht = ParentBoundDHT(start=False, **kwargs)
+        dht.p2pd_flags = p2pd_flags
         dht.run_in_background(await_ready=False)
         try:
             if _ready(dht):
@@ -83,6 +85,8 @@ def kill_group(dht: hivemind.DHT) -> None:
 
 
 class ParentBoundDHT(hivemind.DHT):
+    p2pd_flags: dict[str, Any] | None = None  # p2pd options hivemind's P2P.create has no argument for
+
     def start(self) -> None:
         """Fork with the parent's objects frozen (gc.freeze): the child's garbage collector then never walks them,
         which would write to every page holding a Python object and so copy the parent's whole heap into the child
@@ -103,24 +107,24 @@ class ParentBoundDHT(hivemind.DHT):
         signal.signal(signal.SIGTERM, lambda signum, frame: _exit_with_children())
         parent = os.getppid()
         threading.Thread(target=_exit_with_parent, args=(parent,), name="dht-parent-watch", daemon=True).start()
-        _static_relays_only()
+        _with_p2pd_flags(self.p2pd_flags or {})
         super().run()
 
 
-def _static_relays_only() -> None:
-    """In the child: a node given relays (`trusted_relays`) reserves a slot on them at once. hivemind starts p2pd
-    with relay discovery on, where libp2p waits for 4 candidate relays, or 3 minutes, before it reserves any; this
-    adds `-relayDiscovery=0` to p2pd's command line then, which hivemind's P2P.create has no argument for."""
+def _with_p2pd_flags(flags: dict[str, Any]) -> None:
+    """In the child: p2pd's command lines get options that hivemind's P2P.create has no argument for: `flags` (a
+    relay's `relayMaxCircuits`), and `-relayDiscovery=0` for a node given relays (`trusted_relays`), which then
+    reserves a slot on them at once (with discovery on, libp2p waits for 4 candidate relays, or 3 minutes)."""
     from hivemind.p2p.p2p_daemon import P2P
 
     make_args = P2P._make_process_args
 
-    def with_static_relays(*args: Any, **kwargs: Any) -> list[str]:
+    def with_flags(*args: Any, **kwargs: Any) -> list[str]:
         if kwargs.get("trustedRelays"):
             kwargs["relayDiscovery"] = False
-        return make_args(*args, **kwargs)
+        return make_args(*args, **{**kwargs, **flags})
 
-    P2P._make_process_args = staticmethod(with_static_relays)
+    P2P._make_process_args = staticmethod(with_flags)
 
 
 def _exit_with_parent(parent: int) -> None:

@@ -32,6 +32,7 @@ MODELS_KEY = "rayswarm.models"
 # proof it does not know how to strip): its callback raises and the future is left pending. Reads give up instead.
 READ_TIMEOUT_S = 30.0
 RELAY_STARTS = 5  # starts of a relay node until its relay serves past libp2p's default cap
+RELAY_MAX_CIRCUITS = 16  # circuits a relay carries at once for one peer (p2pd's default)
 
 
 def peers_key(model: str) -> str:
@@ -49,13 +50,20 @@ def dht_multiaddrs(hosts: HostConfig, port: int, initial_peers: list[str]) -> tu
     return [multiaddr(hosts.host, port)], [multiaddr(announced, port)]
 
 
-def p2p_options(client_mode: bool, relay: str) -> dict[str, Any]:
+def p2p_options(client_mode: bool, relay: str, relay_max_circuits: int = RELAY_MAX_CIRCUITS) -> dict[str, Any]:
     """hivemind's libp2p options of a node. A client can dial peers through relays (swarm/registry/tunnel.py);
     `relay="offer"`: a reachable node that keeps relay slots for peers behind NAT (libp2p starts its relay service
     only on a node it takes for public, so it is told so; hole punching needs AutoNAT on). Otherwise no NAT
     traversal: behind a NAT the operator forwards a port and announces it, or joins with `--via-relay`."""
     if relay == "offer" and not client_mode:
-        return {"nat_port_map": False, "auto_nat": True, "use_relay": True, "force_reachability": "public"}
+        flags = {"relayMaxCircuits": relay_max_circuits}
+        return {
+            "nat_port_map": False,
+            "auto_nat": True,
+            "use_relay": True,
+            "force_reachability": "public",
+            "p2pd_flags": flags,
+        }
     return {"nat_port_map": False, "auto_nat": False, "use_relay": client_mode}
 
 
@@ -104,14 +112,16 @@ class Registry:
         signing_key: Any = None,
         read_timeout_s: float = READ_TIMEOUT_S,
         relay: str = "",
+        relay_max_circuits: int = RELAY_MAX_CIRCUITS,
     ) -> None:
         initial_peers = initial_peer_list(initial_peers) if initial_peers else []
         host_maddrs, announce_maddrs = dht_multiaddrs(HostConfig(host, announce_host), port, initial_peers)
         self.signing, self.read_timeout_s = RecordSigning(credentials, signing_key), read_timeout_s
         node = {"initial_peers": initial_peers, "host_maddrs": host_maddrs, "client_mode": client_mode}
-        self.dht = self._start(dict(node, announce_maddrs=announce_maddrs, **p2p_options(client_mode, relay)))
+        options = dict(node, announce_maddrs=announce_maddrs, **p2p_options(client_mode, relay, relay_max_circuits))
+        self.dht = self._start(options)
         if relay == "offer" and not client_mode:
-            self._until_relays_are_lifted(dict(node, announce_maddrs=announce_maddrs, **p2p_options(False, relay)))
+            self._until_relays_are_lifted(options)
         self.initial_peers = initial_peers
         self.tunnel_addresses: list[str] = []  # where clients reach this node's peer through a relay, if they must
         dial_through(self.dht)

@@ -33,3 +33,20 @@ def test_a_direct_address_goes_to_grpc_as_it_is_and_a_tunnel_needs_a_dht_node(mo
     assert tunnel.channel_address("10.0.0.2:31337") == "10.0.0.2:31337"
     with pytest.raises(PeerUnavailable, match="no DHT node"):
         tunnel.channel_address(CIRCUIT)
+
+
+def test_a_relay_nodes_p2pd_gets_the_flags_hivemind_has_no_argument_for(monkeypatch) -> None:
+    from hivemind.p2p.p2p_daemon import P2P
+
+    from swarm.registry.bound_dht import _with_p2pd_flags
+    from swarm.registry.dht import p2p_options
+
+    monkeypatch.setattr(P2P, "_make_process_args", P2P._make_process_args)  # restored after the test
+    options = p2p_options(client_mode=False, relay="offer", relay_max_circuits=3)
+    assert options["force_reachability"] == "public" and options["use_relay"]
+    _with_p2pd_flags(options["p2pd_flags"])
+    relay = P2P._make_process_args("p2pd", relay=True)
+    relayed = P2P._make_process_args("p2pd", relay=True, trustedRelays=CIRCUIT.split("/p2p-circuit")[0])
+    assert "-relayMaxCircuits=3" in relay and "-relayDiscovery=0" not in relay
+    assert "-relayDiscovery=0" in relayed  # static relays: a slot at once, not after libp2p's 3-minute wait
+    assert p2p_options(client_mode=True, relay="")["use_relay"]  # a client dials relayed peers
