@@ -32,6 +32,7 @@ def measure(model: Path, behind_nat: bool, rtt_ms: float, new_tokens: int) -> di
         "step_ms_median": result["step_ms_median"],
         "ttft_ms": result["ttft_ms"],
         "relayed_hops": relayed_hops(result["route"]),
+        "hop_modes": result["hop_modes"],
         "tokens": result["tokens"],
     }
 

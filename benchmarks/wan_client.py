@@ -5,7 +5,8 @@ timing every token as it arrives. Started by `python -m benchmarks.wan` and by t
         --prompt-ids 504,3458,5951 --max-new-tokens 64 --codec NONE --dht-host 10.77.0.10
 
 Prints "route HOST:PORT,..." with the first token and "token INDEX ID" as each token comes (so that a test can act
-mid-generation), then one JSON line: {"tokens", "ttft_ms", "step_ms", "tokens_per_s", "route"} (route: the last).
+mid-generation), then one JSON line: {"tokens", "ttft_ms", "step_ms", "tokens_per_s", "route", "hop_modes"}
+(route: the last; a mode per hop: direct, relayed or punched).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.client.model import ModelSession
 from swarm.codec import DEFAULT_CODEC
+from swarm.registry.tunnel import is_tunnel, peer_mode
 from swarm.security import SwarmCredentials
 
 
@@ -59,6 +61,14 @@ class TokenClock:
         }
 
 
+def hop_mode(model: DistributedModelForCausalLM, address: str) -> str:
+    """How this client reaches a hop: "direct" (its address), or for a relayed peer how its DHT node is connected to
+    it now: "relayed", or "punched" once hole punching brought a direct connection (swarm/registry/tunnel.py)."""
+    if not is_tunnel(address):
+        return "direct"
+    return {"direct": "punched"}.get(peer_mode(model.registry.dht, address), "relayed")
+
+
 def credentials(ns: argparse.Namespace) -> SwarmCredentials:
     return SwarmCredentials.load(ns.credentials) if ns.credentials else SwarmCredentials.open()
 
@@ -78,7 +88,8 @@ def generate(ns: argparse.Namespace) -> dict:
             clock = TokenClock(start, session)
             model.generate(prompt, max_new_tokens=ns.max_new_tokens, eos_token_id=[], streamer=clock, session=session)
             final_route = route_line(session).split()[1]
-        return {**clock.summary(), "codec": ns.codec, "route": final_route}
+        modes = [hop_mode(model, address) for address in final_route.split(",")]
+        return {**clock.summary(), "codec": ns.codec, "route": final_route, "hop_modes": modes}
     finally:
         model.close()
 

@@ -42,6 +42,7 @@ def test_a_peer_behind_symmetric_nat_serves_through_the_relay_with_local_tokens(
     result = swarm.generate(PROMPT_IDS, NEW_TOKENS)
     assert result["tokens"] == local_greedy(smollm2_path)
     assert result["route"].split(",")[1] == swarm.address and relayed_hops(result["route"]) == [False, True]
+    assert result["hop_modes"] == ["direct", "relayed"]  # no hole punching through a symmetric NAT
 
 
 def test_the_relay_killed_mid_generation_costs_a_failover_not_the_tokens(swarm: NatSwarm, smollm2_path: Path) -> None:
