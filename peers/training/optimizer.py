@@ -1,17 +1,14 @@
 """A stage's collaborative optimizer: hivemind.Optimizer around a clipped AdamW.
 
-Replicas of a stage share a run id in the DHT. Each tells its siblings the samples it has accumulated; once together
-they reach the target batch, they average gradients (weighted by samples; peers/training/gradient_exchange.py, over
-the replicas' own gRPC servers, bitwise equal on every replica), and each applies the same update, so one step
-counter (hivemind's epoch) holds for the stage. A failed round is retried rather than stepped alone, so the
-replicas' parameters stay the same; a replica the stage stepped without downloads the stage's state (hivemind's
-state averager). hivemind's gradient averager only accumulates: its averaging process is never started. Replicas
-that stepped apart anyway (alone: MAX_FAILED_ROUNDS, a sibling thought gone) differ in their parameter digests
-(peers/training/digest.py): their round combines nothing, and one outside the largest group takes the stage's state
-(`take_stage_state`); such a round does not count toward MAX_FAILED_ROUNDS.
+Replicas of a stage share a run id in the DHT and tell their siblings the samples they accumulated; once together they
+reach the target batch, they average gradients (weighted by samples, over their own gRPC servers, bitwise equal on
+every replica: peers/training/gradient_exchange.py) and apply the same update: one step counter (hivemind's epoch)
+per stage. A failed round is retried, not stepped alone; a replica the stage stepped without downloads its state
+(hivemind's state averager; its gradient averager only accumulates). Replicas that stepped apart anyway (alone,
+MAX_FAILED_ROUNDS; a sibling thought gone) differ in parameter digests (peers/training/digest.py): their round
+combines nothing and one outside the largest group takes the stage's state (`take_stage_state`), uncounted.
 
-The inner optimizer clips the averaged gradient to a global norm and scales the rate by the batch the round
-really averaged (the linear rule), around the warmup + cosine schedule of swarm/training/schedule.py.
+Inner optimizer: global-norm clipping, the rate scaled by the batch averaged (linear rule), warmup + cosine schedule.
 """
 
 from __future__ import annotations
@@ -162,7 +159,10 @@ class StageOptimizer(hivemind.Optimizer):
             self.state_loads += 1
             with self.tracker.pause_updates():
                 before = self.local_epoch
-                self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
+                try:
+                    self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
+                except IndexError:  # fewer optimizer tensors than the metadata names: torn (hivemind: StopIteration)
+                    logger.warning("a state download came torn (attempt %d); downloading again", attempt + 1)
                 if self.local_epoch != before:  # gradients of an older step: useless now
                     self.grad_averager.reset_accumulated_grads_()
                     self.tracker.report_local_progress(self.local_epoch, 0)
