@@ -173,7 +173,9 @@ async def _bridge(address: str, dht: Any, node: Any) -> int:
     return _bridges[address]
 
 
-async def _forward(p2p: Any, peer: Any, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+async def _forward(
+    p2p: Any, peer: Any, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     try:
         if not await _connected(p2p, str(peer)):
             await p2p._client.connect(peer, [WireAddress(address.rsplit("/p2p/", 1)[0])])

@@ -50,3 +50,16 @@ def test_a_relay_nodes_p2pd_gets_the_flags_hivemind_has_no_argument_for(monkeypa
     assert "-relayMaxCircuits=3" in relay and "-relayDiscovery=0" not in relay
     assert "-relayDiscovery=0" in relayed  # static relays: a slot at once, not after libp2p's 3-minute wait
     assert p2p_options(client_mode=True, relay="")["use_relay"]  # a client dials relayed peers
+
+
+def test_a_circuit_address_goes_to_p2pd_with_the_relays_multihash_not_a_cid() -> None:
+    from hivemind.utils.multiaddr import Multiaddr
+
+    circuit = CIRCUIT.rsplit("/p2p/", 1)[0]  # what the client's DHT node connects through
+    wire = tunnel.WireAddress(circuit).to_bytes()
+    prefix = Multiaddr("/ip4/44.77.0.10/tcp/37541").to_bytes()
+    assert wire.startswith(prefix) and wire.endswith(b"\xa2\x02")  # ... /p2p-circuit
+    p2p = wire[len(prefix) : -2]
+    assert p2p[:2] == b"\xa5\x03" and p2p[2] == len(p2p) - 3 == 38  # /p2p/ then a 38-byte identity multihash
+    assert p2p[3:5] == b"\x00\x24"
+    assert Multiaddr(circuit).to_bytes() != wire  # hivemind's own form (a CID) is what p2pd refused
