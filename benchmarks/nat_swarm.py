@@ -72,7 +72,7 @@ def nat_swarm(
         swarm.initial_peers = start_relay(net, "bootstrap", [])
         if relays > 1:
             swarm.initial_peers += "," + start_relay(net, "relay2", [swarm.initial_peers])
-        swarm.start_peer("peer0", "0:15")
+        swarm.start_peer("peer0", "0:15", "--relay")  # its DHT node then dials relays: it pushes to a relayed peer
         second = swarm.start_peer("home", "15:30", "--via-relay") if behind_nat else swarm.start_peer("peer1", "15:30")
         served = {host: command.wait_for(SERVING, START_TIMEOUT_S).group(1) for host, command in swarm.peers.items()}
         swarm.address = second.wait_for(RELAYED, 60).group(1) if behind_nat else served["peer1"]

@@ -252,15 +252,18 @@ class Engine:
             for step in steps:
                 self.scheduler.abandon(step)
                 reject(step.future, error)
+            self._reject([])  # sessions dropped by a planning that then raised: their steps fail with their reason
         for task in group:
             reject(task.future, error)
 
     def _reject(self, lost: list[Lost]) -> None:
-        """Fail the pending steps of the sessions the scheduler dropped. Under the lock, with the drops: a caller
-        woken by the first result of a wave finds every other one settled (`settled`)."""
-        for dropped in lost:
+        """Fail the pending steps of the sessions the scheduler dropped (`lost`, and any it dropped since: a planning
+        that raised after a preemption returned none). Under the lock, with the drops: a caller woken by the first
+        result of a wave finds every other one settled (`settled`)."""
+        for dropped in [*lost, *self.scheduler.dropped]:
             if dropped.step is not None:
                 reject(dropped.step.future, dropped.error)
+        self.scheduler.dropped.clear()
 
     def _tell_lost(self, lost: list[Lost]) -> None:
         for dropped in lost:

@@ -19,7 +19,7 @@ from peers.push_targets import PushTargets
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
 from swarm.errors import InvalidRequest, Overloaded, PermissionDenied, SessionNotFound
-from swarm.registry.tunnel import can_dial
+from swarm.registry.tunnel import can_push_to
 from swarm.security import SwarmCredentials
 
 logger = logging.getLogger(__name__)
@@ -328,8 +328,8 @@ class Pusher:
 
     def _allowed(self, address: str) -> bool:
         """A next peer the registry lists, that this process can reach (a peer behind a relay only from a stage in
-        its daemon's process, which has a DHT node to dial it: swarm/registry/tunnel.py)."""
-        return self.targets.allows(address) and can_dial(address)
+        its daemon's process whose DHT node dials relays: swarm/registry/tunnel.py `can_push_to`)."""
+        return self.targets.allows(address) and can_push_to(address)
 
     def _start(self, address: str) -> bool:
         """Count a push to `address` as under way; False when PUSH_IN_FLIGHT_PER_TARGET already are."""

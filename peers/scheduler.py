@@ -85,6 +85,7 @@ class Scheduler:
         self._running: set[int] = set()  # ids of the sessions the current iteration computes on
         self._parked: list[EngineSession] = []  # closed during that iteration: their pages go back once it is over
         self._planned: set[str] = set()  # ids of the sessions the iteration being planned gives pages to
+        self.dropped: list[Lost] = []  # since the engine last failed their steps: also when planning then raised
 
     # ---- sessions and steps ----
 
@@ -321,7 +322,9 @@ class Scheduler:
             for sequence in session.sequences:
                 sequence.release(self.pool)
         step, session.pending = session.pending, None
-        return Lost(session.session_id, error, step)
+        dropped = Lost(session.session_id, error, step)
+        self.dropped.append(dropped)
+        return dropped
 
     def iteration_over(self) -> None:
         """The pages of sessions closed while the iteration computed on them go back to the pool now."""

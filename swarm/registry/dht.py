@@ -124,7 +124,7 @@ class Registry:
             self._until_relays_are_lifted(options)
         self.initial_peers = initial_peers
         self.tunnel_addresses: list[str] = []  # where clients reach this node's peer through a relay, if they must
-        dial_through(self.dht)
+        dial_through(self.dht, relays=options["use_relay"])
         if not client_mode:
             serve_reachability(self.dht)
             announced = multiaddr_host_port(self.addresses[0]) if self.addresses else None
@@ -144,24 +144,21 @@ class Registry:
         """Start the node again while its relay cuts circuits at libp2p's default cap (swarm/registry/relay_probe.py:
         a start-up race inside p2pd, lost about 1 start in 5)."""
         for attempt in range(1, RELAY_STARTS + 1):
-            if relays_past_the_default_cap(self.dht):
+            if relays_past_the_default_cap(self.dht, options["host_maddrs"][0]):
                 return
-            logger.info(
-                "this node's relay kept libp2p's default cap (start %d of %d): starting again", attempt, RELAY_STARTS
-            )
+            if attempt == RELAY_STARTS:
+                break
+            logger.info("this node's relay kept libp2p's default cap (start %d of %d): again", attempt, RELAY_STARTS)
             self.dht.shutdown()
             self.dht = self._start(options)
-        logger.warning(
-            "this node's relay still cuts circuits at 128 KiB after %d starts: peers behind NAT will fail over often",
-            RELAY_STARTS,
-        )
+        logger.warning("this node's relay still cuts circuits at 128 KiB after %d starts", RELAY_STARTS)
 
     def _relayed(self, node: dict[str, Any]) -> None:
         """Nobody can dial this node: start it again reserving a relay slot on its initial peers, and keep the
         tunnel addresses it gets there (empty when no initial peer offers relays: it then stays unreachable)."""
         self.dht.shutdown()
         self.dht = self._start(dict(node, **relayed_options(self.initial_peers)))
-        dial_through(self.dht)
+        dial_through(self.dht, relays=True)
         serve_reachability(self.dht)
         self.tunnel_addresses = relay_addresses(self.dht)
         if self.tunnel_addresses:

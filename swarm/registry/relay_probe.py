@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from typing import Any
 
@@ -25,19 +26,27 @@ PROBE_TIMEOUT_S = 20.0
 RESERVE_TIMEOUT_S = 10.0
 
 
-def relays_past_the_default_cap(dht: Any) -> bool:
-    """Probe the relay of `dht`'s node (in its DHT process) as the module docstring says."""
-    return dht.run_coroutine(_probe)
+def relays_past_the_default_cap(dht: Any, listen: str) -> bool:
+    """Probe the relay of `dht`'s node (in its DHT process) as the module docstring says; `listen`: the multiaddress
+    the node listens on (its port may be 0), which the probe's nodes dial from this machine."""
+    return dht.run_coroutine(functools.partial(_probe, listen))
 
 
-async def _probe(dht: Any, node: Any) -> bool:
+async def _probe(listen: str, dht: Any, node: Any) -> bool:
     from hivemind.p2p import P2P
 
-    own = [str(m) for m in await node.p2p.get_visible_maddrs()]
-    host = "/".join(own[0].split("/")[:3])  # the relay's own address: the probe's nodes dial from it
-    common = {"host_maddrs": [f"{host}/tcp/0"], "dht_mode": "client", "auto_nat": False, "nat_port_map": False}
     started: list[Any] = []
     try:
+        family, ip = listen.split("/")[1:3]
+        ip = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(ip, ip)  # a wildcard: dial it on loopback
+        port = str(next(iter(await node.p2p.get_visible_maddrs()))).split("/tcp/")[1].split("/")[0]
+        own = [f"/{family}/{ip}/tcp/{port}/p2p/{node.peer_id}"]
+        common = {
+            "host_maddrs": [f"/{family}/{ip}/tcp/0"],
+            "dht_mode": "client",
+            "auto_nat": False,
+            "nat_port_map": False,
+        }
         relayed = await P2P.create(
             initial_peers=own, force_reachability="private", use_auto_relay=True, trusted_relays=own, **common
         )

@@ -35,21 +35,29 @@ CHUNK_BYTES = 1 << 16
 _targets: dict[str, str] = {}  # in the DHT process of a serving peer: PROTOCOL -> host:port of its gRPC server
 _bridges: dict[str, int] = {}  # in the DHT process of a dialer: tunnel address -> its local port
 _dialer: Any = None  # in a process with a DHT node: the node that dials tunnel addresses for its gRPC channels
+_dialer_relays = False  # whether that node's p2pd runs streams over relayed connections (a client, a relay)
 _local: dict[tuple[int, str], str] = {}  # (id of that node, tunnel address) -> local host:port
 
 
-def dial_through(dht: Any) -> None:
+def dial_through(dht: Any, relays: bool) -> None:
     """Let this process's gRPC channels reach tunnel addresses through `dht` (the first node made in the process,
-    or a new one once that one is shut down)."""
-    global _dialer
+    or a new one once that one is shut down); `relays`: its p2pd runs streams over relayed connections."""
+    global _dialer, _dialer_relays
     if _dialer is None or not _dialer.is_alive():
-        _dialer = dht
+        _dialer, _dialer_relays = dht, relays
 
 
 def can_dial(address: str) -> bool:
     """Whether this process can open a channel to `address`: a direct one always; a tunnel address where it has a
     DHT node (a client; a peer whose stage runs in its daemon's process, `--no-ray`; not a Ray stage actor)."""
     return not is_tunnel(address) or (_dialer is not None and _dialer.is_alive())
+
+
+def can_push_to(address: str) -> bool:
+    """Whether a peer in this process may push to `address`: where it can dial it through a node that dials relays
+    (started with --relay). A plain peer's p2pd refuses streams over relayed connections, so its push would fail
+    once the answer that counted it as sent is gone: the client sends those steps itself instead."""
+    return not is_tunnel(address) or (can_dial(address) and _dialer_relays)
 
 
 def channel_address(address: str) -> str:
@@ -67,7 +75,12 @@ def channel_address(address: str) -> str:
         raise PeerUnavailable(f"{address} is reached through a relay, and this process has no DHT node to dial it")
     key = (id(_dialer), address)
     if key not in _local:
-        _local[key] = local_address(_dialer, address)
+        try:
+            _local[key] = local_address(_dialer, address)
+        except Exception as error:  # a record's address that does not parse, or a DHT node stopping: fail over
+            from swarm.errors import PeerUnavailable
+
+            raise PeerUnavailable(f"cannot dial {address} through a relay: {error}") from error
     return _local[key]
 
 
