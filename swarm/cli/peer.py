@@ -192,6 +192,7 @@ def _join(config: PeerConfig, ray_address: str | None, signals: StopSignals, *, 
             connect_ray(ray_address, lean=True, dashboard=dashboard)
             phases.done("Ray")
         daemon = PeerDaemon(config, registry, on_restart=_print_restart, on_move=_print_move)
+        daemon.tunnel_address = registry.tunnel_addresses[0] if registry.tunnel_addresses else ""  # its first ONLINE
         try:
             daemon.launch()
             with waiting(f"{stage} loading blocks {daemon.span} of {config.name}"):
