@@ -1,5 +1,5 @@
-"""NAT benchmark (issue 40): one session's speed through a peer that is public, and through the same peer behind a
-symmetric NAT, reached through a relay.
+"""NAT benchmark (issue 40): one session's speed through a peer that is public, through the same peer behind a
+symmetric NAT (reached through a relay), and behind a cone NAT (reached through a relay, then hole-punched).
 
 Run: `python -m benchmarks.nat --model .cache/models/smollm2-135m` (root: it makes network namespaces and nftables
 NAT routers). Two swarms in turn (benchmarks/nat_swarm.py), every link at `--rtt-ms` (default 20) RTT: the peer of
@@ -8,9 +8,10 @@ blocks [15, 30) on a public host ("direct"), then in a home namespace behind the
 `--max-new-tokens` greedy tokens after a warm-up. The relay adds one link to what crosses it: per token at most one
 link RTT, which with the issue's 2 ms of the relay's own is `relayed_extra_bound_ms`, against the measured
 `relayed_extra_ms_per_token`. (peer0 pushes to the relayed peer over the connection the latter's DHT node opened
-to it, direct; the relayed peer answers the client through the relay.) Hole punching ("punched") is not measured:
-libp2p punches only once 4 other nodes have confirmed the same public address of the peer, which this harness's
-few hosts cannot give. Prints one JSON object."""
+to it, direct; the relayed peer answers the client through the relay.) "punched": the peer behind a cone NAT, with
+two relays and two plain DHT nodes as initial peers (libp2p punches only once 4 other nodes have seen the same
+public address of the peer): the client connects through a relay, libp2p's DCUtR upgrades the connection, and the
+tokens travel directly; it should cost what the direct peer does. Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from pathlib import Path
 
 from benchmarks.nat_swarm import nat_swarm, relayed_hops
 from benchmarks.netns import nat_unavailable_reason
+from benchmarks.netns.nat import Mapping
 
 PROMPT_IDS = [504, 3458, 5951, 2777, 1245, 314, 9781, 2162]
 
 
-def measure(model: Path, behind_nat: bool, rtt_ms: float, new_tokens: int) -> dict:
-    with nat_swarm(model, behind_nat=behind_nat, rtt_ms=rtt_ms) as swarm:
+def measure(model: Path, behind_nat: bool, rtt_ms: float, new_tokens: int, mapping: Mapping = "symmetric") -> dict:
+    relays = 2 if mapping == "cone" else 1  # with the plain DHT nodes, the 4 nodes that hole punching waits for
+    with nat_swarm(model, behind_nat=behind_nat, mapping=mapping, rtt_ms=rtt_ms, relays=relays) as swarm:
         result = swarm.generate(PROMPT_IDS, new_tokens, warmup=True)
     return {
         "tokens_per_s": result["tokens_per_s"],
@@ -48,17 +51,17 @@ def main() -> None:
         raise SystemExit(f"benchmarks.nat needs network namespaces and nftables: {reason}")
     direct = measure(ns.model, False, ns.rtt_ms, ns.max_new_tokens)
     relayed = measure(ns.model, True, ns.rtt_ms, ns.max_new_tokens)
-    extra_ms = relayed["step_ms_median"] - direct["step_ms_median"]
+    punched = measure(ns.model, True, ns.rtt_ms, ns.max_new_tokens, mapping="cone")
+    shown = {name: run for name, run in [("direct", direct), ("relayed", relayed), ("punched", punched)]}
     report = {
         "rtt_ms": ns.rtt_ms,
-        "direct": {key: value for key, value in direct.items() if key != "tokens"},
-        "relayed": {key: value for key, value in relayed.items() if key != "tokens"},
-        "same_tokens": direct["tokens"] == relayed["tokens"],
+        **{name: {key: value for key, value in run.items() if key != "tokens"} for name, run in shown.items()},
+        "same_tokens": direct["tokens"] == relayed["tokens"] == punched["tokens"],
         "relayed_vs_direct": relayed["tokens_per_s"] / direct["tokens_per_s"],
-        "relayed_extra_ms_per_token": extra_ms,
+        "relayed_extra_ms_per_token": relayed["step_ms_median"] - direct["step_ms_median"],
         "relayed_extra_bound_ms": ns.rtt_ms + 2.0,  # one link's round trip and 2 ms of the relay's own
-        "punched": None,
-        "punched_vs_direct": None,
+        "punched_vs_direct": punched["tokens_per_s"] / direct["tokens_per_s"],
+        "punched_extra_ms_per_token": punched["step_ms_median"] - direct["step_ms_median"],
     }
     print(json.dumps(report), flush=True)
 

@@ -16,7 +16,11 @@ from benchmarks.netns import PUBLIC_SUBNET, HomeNetwork, WanLink
 from benchmarks.netns.nat import Mapping
 from benchmarks.wan_swarm import Command
 
-HOSTS = ["bootstrap", "relay2", "peer0", "client", "gw", "peer1"]
+HOSTS = ["bootstrap", "relay2", "peer0", "client", "gw", "peer1", "dht1", "dht2"]
+# libp2p starts hole punching once 4 other nodes have seen the same public address of a peer behind NAT: its relays,
+# and as many plain DHT nodes as make up the rest, all of them initial peers, so that all have seen it before the
+# client's connection arrives through the relay (after that, that connection is not punched).
+PUNCH_OBSERVERS = 4
 START_TIMEOUT_S = 180
 SERVING = r"peer \w+ serving blocks \[\d+, \d+\) of \S+ at (\S+)"
 RELAYED = r"serving through the relay at (\S+)"
@@ -64,7 +68,8 @@ def nat_swarm(
     model: Path, behind_nat: bool = True, mapping: Mapping = "symmetric", rtt_ms: float = 0.0, relays: int = 1
 ) -> Iterator[NatSwarm]:
     """The swarm, serving; every namespace and process is gone when the block ends. `relays`: 2 adds a second
-    `swarm dht --relay` on host "relay2", and everyone joins through both."""
+    `swarm dht --relay` on host "relay2", and everyone joins through both. Behind a cone NAT, plain DHT nodes on
+    "dht1" and "dht2" join the initial peers up to PUNCH_OBSERVERS, so that the peer's connections get punched."""
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(WanLink(HOSTS, rtt_ms=rtt_ms, subnet=PUBLIC_SUBNET))
         home = stack.enter_context(HomeNetwork(net, "gw", "home", mapping=mapping))
@@ -72,6 +77,9 @@ def nat_swarm(
         swarm.initial_peers = start_relay(net, "bootstrap", [])
         if relays > 1:
             swarm.initial_peers += "," + start_relay(net, "relay2", [swarm.initial_peers])
+        if behind_nat and mapping == "cone":
+            for host in ["dht1", "dht2"][: PUNCH_OBSERVERS - relays]:
+                swarm.initial_peers += "," + start_relay(net, host, [swarm.initial_peers], relay=False)
         swarm.start_peer("peer0", "0:15", "--relay")  # its DHT node then dials relays: it pushes to a relayed peer
         second = swarm.start_peer("home", "15:30", "--via-relay") if behind_nat else swarm.start_peer("peer1", "15:30")
         served = {host: command.wait_for(SERVING, START_TIMEOUT_S).group(1) for host, command in swarm.peers.items()}
@@ -79,9 +87,11 @@ def nat_swarm(
         yield swarm
 
 
-def start_relay(net: WanLink, host: str, initial_peers: list[str]) -> str:
-    """`swarm dht --relay` on `host`, joined through `initial_peers`: its multiaddress, once it serves."""
-    flags = ["--open", "--relay", "--host", net.address(host), *(f"--initial-peers={peer}" for peer in initial_peers)]
+def start_relay(net: WanLink, host: str, initial_peers: list[str], relay: bool = True) -> str:
+    """`swarm dht --relay` (`relay=False`: a plain `swarm dht`) on `host`, joined through `initial_peers`: its
+    multiaddress, once it serves."""
+    flags = ["--open", "--host", net.address(host), *(f"--initial-peers={peer}" for peer in initial_peers)]
+    flags += ["--relay"] if relay else []
     return Command(net, host, ["-m", "swarm", "dht", *flags]).wait_for(r"initial peers: (\S+)", 60).group(1)
 
 

@@ -240,10 +240,9 @@ def _varint(value: int) -> bytes:
 
 
 async def _connections(p2p: Any, peer: str) -> list[str]:
-    for info in await p2p.list_peers():
-        if str(info.peer_id) == peer:
-            return [str(address) for address in info.addrs]
-    return []
+    """The remote addresses of this node's connections to `peer`. p2pd lists one entry per connection, so a peer
+    reached through a relay and then directly appears twice."""
+    return [str(address) for info in await p2p.list_peers() if str(info.peer_id) == peer for address in info.addrs]
 
 
 async def _connected(p2p: Any, peer: str) -> bool:

@@ -28,6 +28,28 @@ def test_the_mode_of_a_connection_comes_from_its_remote_addresses() -> None:
     assert tunnel.connection_mode([]) == ""
 
 
+def test_every_connection_to_a_peer_counts_when_p2pd_lists_each_on_its_own() -> None:
+    """p2pd's ListPeers has one entry per connection: a relayed peer that was then punched to appears twice, and the
+    direct connection may come second (only the first was read: punched hops were reported as relayed)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    relayed = f"/ip4/44.77.0.10/tcp/37541/p2p/{RELAY}/p2p-circuit"
+    listing = [
+        SimpleNamespace(peer_id=PEER, addrs=[relayed]),
+        SimpleNamespace(peer_id=RELAY, addrs=["/ip4/44.77.0.10/tcp/37541"]),
+        SimpleNamespace(peer_id=PEER, addrs=["/ip4/44.77.0.12/tcp/40069"]),
+    ]
+
+    class Daemon:
+        async def list_peers(self) -> list[SimpleNamespace]:
+            return listing
+
+    addresses = asyncio.run(tunnel._connections(Daemon(), PEER))
+    assert addresses == [relayed, "/ip4/44.77.0.12/tcp/40069"]
+    assert tunnel.connection_mode(addresses) == "direct"
+
+
 def test_a_direct_address_goes_to_grpc_as_it_is_and_a_tunnel_needs_a_dht_node(monkeypatch) -> None:
     monkeypatch.setattr(tunnel, "_dialer", None)
     assert tunnel.channel_address("10.0.0.2:31337") == "10.0.0.2:31337"
