@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
+import hashlib
 import logging
 import time
 from typing import Any
@@ -137,10 +139,33 @@ async def _serve(target: str, dht: Any, node: Any) -> None:
         await node.p2p.add_binary_stream_handler(PROTOCOL, _accept)
 
 
+def loopback_for(peer: str) -> str:
+    """The loopback address from which this peer's DHT process connects to its gRPC server for the libp2p peer
+    `peer` (a base58 id), one of 127.1.0.0-127.255.255.255, never 127.0.0.x: the server then tells the callers that
+    reach it through tunnels apart (per-client limits, upload owners, all keyed on the caller's host in an open
+    swarm), as it tells apart callers from different hosts. Only as far as libp2p ids are distinct, which anyone can
+    make: an open swarm's hosts are no identity either, and a private swarm keys on the TLS-authenticated member."""
+    first, second, third = hashlib.blake2b(peer.encode(), digest_size=3).digest()
+    return f"127.{1 + first % 255}.{second}.{third}"
+
+
+async def _connect_from(source: str | None, host: str, port: int) -> tuple[Any, Any]:
+    """A connection to host:port from `source`, or from wherever the system picks where `source` is not an address
+    of this machine (only 127.0.0.1 is, on macOS)."""
+    if source is not None:
+        try:
+            return await asyncio.open_connection(host, port, local_addr=(source, 0))
+        except OSError as error:
+            if error.errno != errno.EADDRNOTAVAIL:
+                raise
+    return await asyncio.open_connection(host, port)
+
+
 async def _accept(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     host, _, port = _targets[PROTOCOL].rpartition(":")
+    source = loopback_for(str(info.peer_id)) if ":" not in host else None  # an IPv6 server: ::1 alone
     try:
-        up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        up_reader, up_writer = await _connect_from(source, host.strip("[]"), int(port))
     except OSError as error:
         logger.warning("tunnel from %s: the gRPC server at %s refused: %s", info.peer_id, _targets[PROTOCOL], error)
         writer.close()

@@ -85,3 +85,11 @@ def test_a_circuit_address_goes_to_p2pd_with_the_relays_multihash_not_a_cid() ->
     assert p2p[:2] == b"\xa5\x03" and p2p[2] == len(p2p) - 3 == 38  # /p2p/ then a 38-byte identity multihash
     assert p2p[3:5] == b"\x00\x24"
     assert Multiaddr(circuit).to_bytes() != wire  # hivemind's own form (a CID) is what p2pd refused
+
+
+def test_loopback_addresses_are_stable_and_never_the_usual_loopback() -> None:
+    ids = [f"12D3KooW{index:040d}" for index in range(2000)]
+    addresses = [tunnel.loopback_for(peer) for peer in ids]
+    assert addresses == [tunnel.loopback_for(peer) for peer in ids]
+    assert all(a.startswith("127.") and not a.startswith("127.0.") for a in addresses)
+    assert len(set(addresses)) >= 1995  # 24 bits: collisions are rare, not impossible
