@@ -6,8 +6,10 @@ tests/integration/cluster/test_netns_training.py and by `python -m benchmarks.wa
         --span 0:2 --peer-id s0r1 --out DIR      # serves until SIGTERM, then saves its parameters to DIR/s0r1.pt
     python -m benchmarks.training_host trainer --config JOB.yaml --host 10.77.0.15 --initial-peers ADDR
 
-Each prints one line when it is ready ("initial peers: ADDR", "serving at HOST:PORT"; the trainer its final progress
-as "progress: {json}"); a stage then prints "step N" each time its replica steps.
+Behind NAT (tests/integration/cluster/test_netns_nat_training.py): the bootstrap with `--relay` keeps relay slots, and
+a stage with `--via-relay` serves through one when nobody can dial it ("serving at" then prints the relay's circuit
+address). Each prints one line when it is ready ("initial peers: ADDR", "serving at HOST:PORT"; the trainer its final
+progress as "progress: {json}"); a stage then prints "step N" each time its replica steps.
 """
 
 from __future__ import annotations
@@ -32,15 +34,17 @@ def main() -> None:
     parser.add_argument("--span", default="0:1")
     parser.add_argument("--peer-id", default="")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--relay", action="store_true", help="bootstrap: keep relay slots for nodes behind NAT")
+    parser.add_argument("--via-relay", action="store_true", help="stage: serve through a relay when undialable")
     ns = parser.parse_args()
-    config = load_config(ns.config, host=ns.host)
+    config = load_config(ns.config, host=ns.host, via_relay=ns.via_relay or None)
     peers = [ns.initial_peers] if ns.initial_peers else []
     stopped: list[int] = []  # a flag the handler sets: it takes no lock (see swarm/cli/_daemon.py StopSignals)
     signal.signal(signal.SIGTERM, lambda signum, _: stopped.append(signum))
     if ns.role == "bootstrap":
         from swarm.registry import Registry
 
-        registry = Registry(host=config.host, credentials=config.credentials)
+        registry = Registry(host=config.host, credentials=config.credentials, relay="offer" if ns.relay else "")
         print(f"initial peers: {registry.addresses[0]}", flush=True)
         while not stopped:
             time.sleep(0.5)

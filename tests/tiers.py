@@ -54,6 +54,7 @@ SYSTEM_MODULES = frozenset(
         "integration/cluster/test_netns_nat.py",
         "integration/cluster/test_netns_nat_punch.py",
         "integration/cluster/test_netns_nat_swarm.py",
+        "integration/cluster/test_netns_nat_training.py",
         "integration/cluster/test_netns_private.py",
         "integration/cluster/test_netns_swarm.py",
         "integration/cluster/test_netns_training.py",

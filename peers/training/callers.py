@@ -6,7 +6,8 @@ call may speak for a peer id only if that id is a live replica of the stage in t
 second for an id not known yet), only from the host that replica registered, and, in a private swarm, only as the
 member that first spoke for it (the swarm's CA authenticated every call already; a peer id stays bound to its first
 member for the life of this replica). An open swarm cannot do better than the host: processes on a sibling's host
-can still speak for it.
+can still speak for it. A replica behind NAT has no host to bind (through_tunnel): in a private swarm its member
+binding alone holds; an open swarm does not take such replicas.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.errors import PermissionDenied
+from swarm.registry.tunnel import is_tunnel, is_tunnel_loopback
 from swarm.security import authenticated_member
 
 REFRESH_UNKNOWN_S = 1.0  # one unknown peer id re-reads the stage's records at most this often
@@ -79,6 +81,15 @@ def same_host(caller_host: str, registered_address: str) -> bool:
         return False
 
 
+def through_tunnel(caller: Caller, registered_address: str) -> bool:
+    """Whether a private swarm's member may speak for the replica at `registered_address` from another host: a
+    replica behind NAT is registered at a relay's address and calls from its router's, and a call through a
+    tunnel reaches a replica from a loopback address of the caller's libp2p node (swarm/registry/tunnel.py). No
+    host binds those: the member binding (check) is what holds. An open swarm has no member, so such calls stay
+    refused there (a stage replica behind NAT needs a private swarm: swarm/training/config.py)."""
+    return bool(caller.member) and (is_tunnel(registered_address) or is_tunnel_loopback(caller.host))
+
+
 class SiblingGate:
     """Checks that a call speaks for a live sibling, from its host (and, in a private swarm, as its member)."""
 
@@ -94,7 +105,7 @@ class SiblingGate:
         address = self._address(peer_id)
         if address is None:
             raise PermissionDenied(f"peer_id {peer_id!r} is not a live replica of this stage")
-        if not same_host(caller.host, address):
+        if not same_host(caller.host, address) and not through_tunnel(caller, address):
             raise PermissionDenied(
                 f"peer_id {peer_id!r} is registered at {address}, this call came from {caller.host}"
             )
@@ -106,7 +117,7 @@ class SiblingGate:
 
     def check_any(self, caller: Caller) -> None:
         """For a request that names no sender (from an older replica): it must come from some sibling's host."""
-        if not any(same_host(caller.host, address) for address in self._all()):
+        if not any(same_host(caller.host, address) or through_tunnel(caller, address) for address in self._all()):
             raise PermissionDenied(f"{caller.host or 'this caller'} is not the host of a replica of this stage")
 
     def _address(self, peer_id: str) -> str | None:

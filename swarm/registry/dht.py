@@ -127,6 +127,7 @@ class Registry:
         dial_through(self.dht, relays=options["use_relay"])
         if not client_mode:
             serve_reachability(self.dht)
+        if not client_mode or relay == "use":  # a client that serves (a training stage's node) may need a relay too
             announced = multiaddr_host_port(self.addresses[0]) if self.addresses else None
             report = self.check_reachable(*announced, what="DHT node") if announced is not None else None
             if report is not None and not report.reachable and relay == "use" and initial_peers:

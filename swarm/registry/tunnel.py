@@ -149,6 +149,11 @@ def loopback_for(peer: str) -> str:
     return f"127.{1 + first % 255}.{second}.{third}"
 
 
+def is_tunnel_loopback(host: str) -> bool:
+    """Whether `host` (a caller's IP address) is one of loopback_for's: a call that came through a tunnel."""
+    return host.startswith("127.") and not host.startswith("127.0.")
+
+
 async def _connect_from(source: str | None, host: str, port: int) -> tuple[Any, Any]:
     """A connection to host:port from `source`, or from wherever the system picks where `source` is not an address
     of this machine (only 127.0.0.1 is, on macOS)."""

@@ -126,6 +126,9 @@ class TrainConfig:
     # A replica the job starts (or Ray restarts) builds itself at idle CPU priority for at most this long: its host's
     # other replicas keep their cores meanwhile (peers/training/boot_priority.py). 0: at normal priority.
     boot_idle_s: float = 10.0
+    # A stage replica nobody can dial (behind NAT) serves through a relay slot on an initial peer that keeps them
+    # (`swarm dht --relay`), as `swarm peer join --via-relay` does (docs/nat.md).
+    via_relay: bool = False
 
     @property
     def hosts(self) -> HostConfig:
@@ -204,6 +207,11 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     if "data" not in values:
         raise InvalidRequest("config: missing required key 'data'")
     values["credentials"] = _credentials(values.get("credentials"))
+    if values.get("via_relay") and values["credentials"].is_open:
+        raise InvalidRequest(
+            "via_relay: a stage replica behind NAT needs a private swarm (credentials: a member's directory): in an "
+            "open swarm its siblings can only tell its calls by their host, and a relayed replica has none"
+        )
     for key in ("stages", "initial_peers"):
         if key in values:
             values[key] = tuple(tuple(s) if isinstance(s, list) else s for s in values[key])

@@ -33,6 +33,8 @@ def test_required_keys_and_values_are_checked() -> None:
         config_from_dict({**BASE, "micro_batch": 0})
     with pytest.raises(InvalidRequest, match="codec"):
         config_from_dict({**BASE, "codec": "INT4"})
+    with pytest.raises(InvalidRequest, match="via_relay: a stage replica behind NAT needs a private swarm"):
+        config_from_dict({**BASE, "via_relay": True})
 
 
 def test_stages_must_tile_the_blocks() -> None:

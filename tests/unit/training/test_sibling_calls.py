@@ -141,3 +141,20 @@ def test_in_a_private_swarm_a_peer_id_stays_bound_to_the_member_that_first_spoke
         gate.check("b", Caller("127.0.0.1", "fingerprint-of-mallory"))
     with pytest.raises(PermissionDenied, match=r"registered at 127\.0\.0\.1:4000"):
         gate.check("b", Caller("", ""))  # gRPC named no address (an in-process call): never a sibling's
+
+
+def test_a_replica_behind_nat_is_bound_by_its_member_alone_and_only_in_a_private_swarm() -> None:
+    """A relayed replica is registered at a relay's circuit address and calls from its router's; a call through a
+    tunnel comes from a loopback address of the caller's libp2p node (swarm/registry/tunnel.py)."""
+    relayed = "/ip4/44.77.0.10/tcp/4001/p2p/12D3KooWRelay/p2p-circuit/p2p/12D3KooWHome"
+    gate = SiblingGate(lambda: {"home": relayed, "public": "44.77.0.13:4000"})
+    gate.check("home", Caller("44.77.0.15", "fingerprint-of-bob"))  # from its router's address
+    gate.check("public", Caller("127.201.7.9", "fingerprint-of-alice"))  # through a tunnel
+    with pytest.raises(PermissionDenied, match="belongs to another member"):
+        gate.check("home", Caller("127.9.8.7", "fingerprint-of-mallory"))
+    with pytest.raises(PermissionDenied, match="registered at"):
+        gate.check("home", Caller("44.77.0.15", ""))  # an open swarm has no member to bind it
+    with pytest.raises(PermissionDenied, match="registered at"):
+        gate.check("public", Caller("127.201.7.9", ""))
+    with pytest.raises(PermissionDenied, match="registered at"):
+        gate.check("public", Caller("127.0.0.1", "fingerprint-of-alice"))  # the usual loopback is no tunnel
