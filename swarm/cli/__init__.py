@@ -4,7 +4,8 @@ convert.py: `swarm convert` and `swarm convert-test-model`; demo.py: `swarm demo
 up.py: `swarm up` (a whole swarm on one machine); dht.py: `swarm dht` (a DHT bootstrap node alone);
 status.py: `swarm status`; generate.py: `swarm generate`;
 prometheus_targets.py: `swarm prometheus-targets` (Prometheus file-SD from the registry); monitor.py: `swarm monitor`
-(the live swarm map); train.py: `swarm train`, `swarm export`, `swarm init-model`; keys.py: `swarm keys init`,
+(the live swarm map); train.py: `swarm train`, `swarm export`, `swarm init-model`; stage.py: `swarm stage` (one
+training stage replica without Ray, e.g. behind NAT); keys.py: `swarm keys init`,
 `swarm keys issue` (private swarms); api.py: `swarm api` (the OpenAI-compatible API on Ray Serve); finetune.py:
 `swarm finetune` (LoRA or prompt tuning through the swarm, parameters on the client).
 _credentials.py: the `--credentials DIR` / `--open` flags they share; _arguments.py: argument types that check
@@ -31,6 +32,7 @@ from swarm.cli import (
     monitor,
     peer,
     prometheus_targets,
+    stage,
     status,
     train,
     up,
@@ -38,7 +40,22 @@ from swarm.cli import (
 from swarm.errors import SwarmError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-COMMANDS = (convert, demo, keys, dht, peer, up, status, generate, api, monitor, prometheus_targets, train, finetune)
+COMMANDS = (
+    convert,
+    demo,
+    keys,
+    dht,
+    peer,
+    up,
+    status,
+    generate,
+    api,
+    monitor,
+    prometheus_targets,
+    train,
+    stage,
+    finetune,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

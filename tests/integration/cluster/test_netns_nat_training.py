@@ -1,11 +1,11 @@
 """A training stage replica behind NAT takes part in a 2-stage x 2-replica job (issue 40): the job of
 test_netns_training.py (no Ray, each part in its own namespace, benchmarks/training_host.py), on a public-looking
-segment and in a private swarm (an open one refuses a replica behind NAT: its siblings could not bind its calls to
-a host), with replica s1r1 in a home namespace behind a symmetric NAT router (benchmarks/netns/nat.py) that nobody
-can dial. The bootstrap keeps relay slots (`--relay`); s1r1 starts with `--via-relay`: its DHT node reserves a slot
-on the bootstrap and it announces the relay's circuit address. The trainer, the first stage's pushes and s1r1's
-sibling reach its gRPC server through the relay; hivemind's state averaging reaches it over libp2p the same way.
-The job finishes, and s1r1 ends with the same parameters and step as its sibling s1r0."""
+segment and in a private swarm (an open one refuses a replica behind NAT: its siblings could not bind its calls to a
+host), with replica s1r1 in a home namespace behind a symmetric NAT router (benchmarks/netns/nat.py) that nobody can
+dial. The bootstrap keeps relay slots (`--relay`); s1r1 is what a home machine runs, `swarm stage JOB.yaml
+--via-relay`: its DHT node reserves a slot on the bootstrap and it announces the relay's circuit address. The trainer,
+the first stage's pushes and s1r1's sibling reach its gRPC server through the relay; hivemind's state averaging reaches
+it over libp2p the same way. The job finishes, and s1r1 ends with the same parameters and step as its sibling s1r0."""
 
 from __future__ import annotations
 
@@ -50,13 +50,22 @@ def test_a_stage_replica_behind_nat_trains_and_ends_equal_to_its_sibling(tmp_pat
         bootstrap = Command(net, "bootstrap", args)
         initial_peers = bootstrap.wait_for(r"initial peers: (\S+)", 120).group(1)
 
-        def replica(where: WanLink | HomeNetwork, host: str, *flags: str) -> Command:
-            args = ["-m", SCRIPT, "stage", "--config", str(config), "--host", where.address(host), *flags]
+        def replica(host: str) -> Command:
+            args = ["-m", SCRIPT, "stage", "--config", str(config), "--host", net.address(host)]
             args += ["--initial-peers", initial_peers, "--span", STAGES[host[:2]], "--peer-id", host]
-            return Command(where, host, [*args, "--out", str(tmp_path)])
+            return Command(net, host, [*args, "--out", str(tmp_path)])
 
-        replicas = {host: replica(net, host) for host in ["s0r0", "s0r1", "s1r0"]}
-        replicas[HOME] = replica(home, HOME, "--via-relay")
+        replicas = {host: replica(host) for host in ["s0r0", "s0r1", "s1r0"]}
+        args = ["stage", str(config), "--span", STAGES["s1"], "--peer-id", HOME, "--via-relay"]
+        args += [
+            "--host",
+            home.address(HOME),
+            "--initial-peers",
+            initial_peers,
+            "--save",
+            str(tmp_path / f"{HOME}.pt"),
+        ]
+        replicas[HOME] = Command(home, HOME, ["-m", "swarm", *args])  # what a home machine runs
         announced = {host: command.wait_for(r"serving at (\S+)", 180).group(1) for host, command in replicas.items()}
         assert "/p2p-circuit/p2p/" in announced[HOME], announced
         assert relay_of(announced[HOME]).startswith(f"{net.address('bootstrap')}:")

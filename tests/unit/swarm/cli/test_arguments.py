@@ -46,6 +46,7 @@ GENERATE = ["generate", "--open", "--initial-peers", ADDRESS, "hi"]
         ([*GENERATE, "--num-speculative-tokens", "33"], "--num-speculative-tokens"),
         ([*GENERATE, "--wait-for-blocks", "-1"], "--wait-for-blocks"),
         (["--log-level", "LOUD", "status", "--open", "--initial-peers", ADDRESS], "--log-level"),
+        (["stage", "job.yaml", "--open", "--initial-peers", ADDRESS, "--span", "4:2"], "--span"),
         ([*GENERATE[:-1], ""], "prompt"),
         ([*GENERATE[:-1], "  "], "prompt"),
     ],
