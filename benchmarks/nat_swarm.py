@@ -32,13 +32,15 @@ class NatSwarm:
     home: HomeNetwork
     model: Path
     initial_peers: str = ""
+    credentials: Path | None = None  # a private swarm's member directory (every part is that member); None: open
     peers: dict[str, Command] = field(default_factory=dict)
     address: str = ""  # the address the second peer announced: a relay's circuit address when behind NAT
 
     def start_peer(self, host: str, blocks: str, *extra: str) -> Command:
         """`swarm peer join --no-ray` of `blocks` on `host` ("home": behind the NAT); returns at once."""
         net = self.home if host == "home" else self.net
-        flags = ["--open", "--model", str(self.model), "--initial-peers", self.initial_peers, "--blocks", blocks]
+        flags = [*self.credential_flags, "--model", str(self.model), "--initial-peers", self.initial_peers]
+        flags += ["--blocks", blocks]
         flags += ["--no-ray", "--host", net.address(host), "--ttl", "6", "--drain-grace", "2", *extra]
         self.peers[host] = Command(net, host, ["-m", "swarm", "peer", "join", *flags])
         return self.peers[host]
@@ -48,7 +50,12 @@ class NatSwarm:
         args = ["-m", "benchmarks.wan_client", "--model", str(self.model), "--initial-peers", self.initial_peers]
         args += ["--prompt-ids", ",".join(map(str, prompt_ids)), "--max-new-tokens", str(new_tokens)]
         args += ["--codec", "NONE", "--dht-host", self.net.address("client"), "--warmup" if warmup else "--no-warmup"]
+        args += ["--credentials", str(self.credentials)] if self.credentials else []
         return Command(self.net, "client", args)
+
+    @property
+    def credential_flags(self) -> list[str]:
+        return ["--credentials", str(self.credentials)] if self.credentials else ["--open"]
 
     def generate(self, prompt_ids: Sequence[int], new_tokens: int, warmup: bool = False) -> dict:
         """A client's generation, to its end: its JSON line."""
@@ -65,21 +72,29 @@ def result_of(client: Command) -> dict:
 
 @contextlib.contextmanager
 def nat_swarm(
-    model: Path, behind_nat: bool = True, mapping: Mapping = "symmetric", rtt_ms: float = 0.0, relays: int = 1
+    model: Path,
+    behind_nat: bool = True,
+    mapping: Mapping = "symmetric",
+    rtt_ms: float = 0.0,
+    relays: int = 1,
+    credentials: Path | None = None,
 ) -> Iterator[NatSwarm]:
     """The swarm, serving; every namespace and process is gone when the block ends. `relays`: 2 adds a second
     `swarm dht --relay` on host "relay2", and everyone joins through both. Behind a cone NAT, plain DHT nodes on
-    "dht1" and "dht2" join the initial peers up to PUNCH_OBSERVERS, so that the peer's connections get punched."""
+    "dht1" and "dht2" join the initial peers up to PUNCH_OBSERVERS, so that the peer's connections get punched.
+    `credentials`: a private swarm (a member's directory, every part that member), whose relays are its own."""
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(WanLink(HOSTS, rtt_ms=rtt_ms, subnet=PUBLIC_SUBNET))
         home = stack.enter_context(HomeNetwork(net, "gw", "home", mapping=mapping))
-        swarm = NatSwarm(net, home, model)
-        swarm.initial_peers = start_relay(net, "bootstrap", [])
+        swarm = NatSwarm(net, home, model, credentials=credentials)
+        swarm.initial_peers = start_relay(net, "bootstrap", [], swarm.credential_flags)
         if relays > 1:
-            swarm.initial_peers += "," + start_relay(net, "relay2", [swarm.initial_peers])
+            swarm.initial_peers += "," + start_relay(net, "relay2", [swarm.initial_peers], swarm.credential_flags)
         if behind_nat and mapping == "cone":
             for host in ["dht1", "dht2"][: PUNCH_OBSERVERS - relays]:
-                swarm.initial_peers += "," + start_relay(net, host, [swarm.initial_peers], relay=False)
+                swarm.initial_peers += "," + start_relay(
+                    net, host, [swarm.initial_peers], swarm.credential_flags, relay=False
+                )
         swarm.start_peer("peer0", "0:15", "--relay")  # its DHT node then dials relays: it pushes to a relayed peer
         second = swarm.start_peer("home", "15:30", "--via-relay") if behind_nat else swarm.start_peer("peer1", "15:30")
         served = {host: command.wait_for(SERVING, START_TIMEOUT_S).group(1) for host, command in swarm.peers.items()}
@@ -87,10 +102,12 @@ def nat_swarm(
         yield swarm
 
 
-def start_relay(net: WanLink, host: str, initial_peers: list[str], relay: bool = True) -> str:
+def start_relay(
+    net: WanLink, host: str, initial_peers: list[str], credential_flags: list[str], relay: bool = True
+) -> str:
     """`swarm dht --relay` (`relay=False`: a plain `swarm dht`) on `host`, joined through `initial_peers`: its
     multiaddress, once it serves."""
-    flags = ["--open", "--host", net.address(host), *(f"--initial-peers={peer}" for peer in initial_peers)]
+    flags = [*credential_flags, "--host", net.address(host), *(f"--initial-peers={peer}" for peer in initial_peers)]
     flags += ["--relay"] if relay else []
     return Command(net, host, ["-m", "swarm", "dht", *flags]).wait_for(r"initial peers: (\S+)", 60).group(1)
 

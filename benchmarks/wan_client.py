@@ -22,6 +22,7 @@ import torch
 from swarm import CodecId, DistributedModelForCausalLM
 from swarm.client.model import ModelSession
 from swarm.codec import DEFAULT_CODEC
+from swarm.registry.member_relay import is_member_relayed
 from swarm.registry.tunnel import is_tunnel, peer_mode
 from swarm.security import SwarmCredentials
 
@@ -66,6 +67,8 @@ def hop_mode(model: DistributedModelForCausalLM, address: str) -> str:
     it now: "relayed", or "punched" once hole punching brought a direct connection (swarm/registry/tunnel.py)."""
     if not is_tunnel(address):
         return "direct"
+    if is_member_relayed(address):  # a private swarm's relay: gRPC streams, no libp2p connection to punch
+        return "relayed"
     return {"direct": "punched"}.get(peer_mode(model.registry.dht, address), "relayed")
 
 

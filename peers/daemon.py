@@ -23,8 +23,6 @@ from peers.rebalance import Rebalancer
 from peers.stage_handle import INFO_TIMEOUT_S, DrainOutcome, StageHandle, start_stage
 from swarm.partition import open_checkpoint
 from swarm.registry import Announcer, Registry
-from swarm.registry.tunnel import relay_addresses
-from swarm.registry.tunnel import serve as serve_tunnel
 from swarm.types import PeerInfo, PeerState, Span
 
 logger = logging.getLogger(__name__)
@@ -120,14 +118,15 @@ class PeerDaemon:
     def _reached_at(self, stage_address: str) -> str:
         """The address to announce for a stage serving at `stage_address` (again where it restarted elsewhere);
         through a relay, the slot the DHT node holds now: when its relay is gone it moves to another one it holds
-        (an initial peer started with --relay), and clients fail over to that within an announce period."""
+        (an initial peer started with --relay; a private swarm's member relay), and clients fail over to that within
+        an announce period."""
         if not self.tunnel_address:
             return stage_address
         if stage_address != self._tunnel_target:
-            serve_tunnel(self.registry.dht, stage_address)
+            self.registry.serve_tunnels(stage_address)
             self._tunnel_target = stage_address
         try:
-            held = relay_addresses(self.registry.dht, timeout_s=0.0)
+            held = self.registry.held_tunnel_addresses()
         except Exception as error:  # the DHT process is busy or stopping: keep the last one
             logger.warning("peer=%s relay slots not read: %s", self.peer_id, error)
             held = [self.tunnel_address]

@@ -52,7 +52,7 @@ class PeerStubs:
             if address in self._entries:
                 self._entries.move_to_end(address)
                 return self._entries[address][0]
-            channel = self.credentials.channel(channel_address(address), self.options)
+            channel = self.credentials.channel(channel_address(address, self.credentials), self.options)
             self._entries[address] = (self.stub_type(channel), channel)
             if self.max_channels is not None and len(self._entries) > self.max_channels:
                 # Dropped like `forget`, not closed: a call of another thread may still run on it.

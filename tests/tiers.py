@@ -52,6 +52,7 @@ SYSTEM_MODULES = frozenset(
         "integration/cluster/test_netns_api.py",
         "integration/cluster/test_netns_link.py",
         "integration/cluster/test_netns_nat.py",
+        "integration/cluster/test_netns_nat_private.py",
         "integration/cluster/test_netns_nat_punch.py",
         "integration/cluster/test_netns_nat_swarm.py",
         "integration/cluster/test_netns_nat_training.py",

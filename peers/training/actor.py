@@ -37,7 +37,6 @@ from swarm.errors import InvalidRequest
 from swarm.registry import Announcer, Registry
 from swarm.registry.fork_guard import die_with_parent_on_fork
 from swarm.registry.hosts import join_host_port, multiaddr_host
-from swarm.registry.tunnel import serve as serve_tunnel
 from swarm.training.checkpoints import latest_stage_checkpoint, read_stage_checkpoint, write_stage_checkpoint
 from swarm.training.config import TrainConfig
 from swarm.training.stage_calls import StageCalls
@@ -171,7 +170,7 @@ class TrainingStagePeer:
         server.start()
         own = join_host_port(self.announced_host, port)
         if self.registry.tunnel_addresses:  # nobody can dial this replica: its DHT node holds a relay slot
-            serve_tunnel(self.registry.dht, own)
+            self.registry.serve_tunnels(own)
             logger.info("stage %s replica %s: not reachable, serving through the relay", self.stage, self.peer_id)
             return server, self.registry.tunnel_addresses[0]
         self.registry.check_reachable(self.announced_host, port, f"stage {self.stage} replica {self.peer_id}")

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.errors import PermissionDenied
-from swarm.registry.tunnel import is_tunnel, is_tunnel_loopback
+from swarm.registry.callers_loopback import is_tunnel_loopback
+from swarm.registry.tunnel import is_tunnel
 from swarm.security import authenticated_member
 
 REFRESH_UNKNOWN_S = 1.0  # one unknown peer id re-reads the stage's records at most this often

@@ -650,3 +650,27 @@ class GradientsPart(_message.Message):
 class GradientsResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RelayHold(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RelayIncoming(_message.Message):
+    __slots__ = ("connection", "caller")
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    connection: str
+    caller: str
+    def __init__(self, connection: _Optional[str] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class RelayBytes(_message.Message):
+    __slots__ = ("data", "name", "connection")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    name: str
+    connection: str
+    def __init__(self, data: _Optional[bytes] = ..., name: _Optional[str] = ..., connection: _Optional[str] = ...) -> None: ...

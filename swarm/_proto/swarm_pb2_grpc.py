@@ -866,3 +866,161 @@ class TrainingStage:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class RelayStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Hold = channel.unary_stream(
+                '/rayswarm.v1.Relay/Hold',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.RelayHold.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.RelayIncoming.FromString,
+                _registered_method=True)
+        self.Dial = channel.stream_stream(
+                '/rayswarm.v1.Relay/Dial',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.RelayBytes.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.RelayBytes.FromString,
+                _registered_method=True)
+        self.Accept = channel.stream_stream(
+                '/rayswarm.v1.Relay/Accept',
+                request_serializer=swarm_dot___proto_dot_swarm__pb2.RelayBytes.SerializeToString,
+                response_deserializer=swarm_dot___proto_dot_swarm__pb2.RelayBytes.FromString,
+                _registered_method=True)
+
+
+class RelayServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Hold(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Dial(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Accept(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RelayServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Hold': grpc.unary_stream_rpc_method_handler(
+                    servicer.Hold,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.RelayHold.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.RelayIncoming.SerializeToString,
+            ),
+            'Dial': grpc.stream_stream_rpc_method_handler(
+                    servicer.Dial,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.RelayBytes.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.RelayBytes.SerializeToString,
+            ),
+            'Accept': grpc.stream_stream_rpc_method_handler(
+                    servicer.Accept,
+                    request_deserializer=swarm_dot___proto_dot_swarm__pb2.RelayBytes.FromString,
+                    response_serializer=swarm_dot___proto_dot_swarm__pb2.RelayBytes.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'rayswarm.v1.Relay', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('rayswarm.v1.Relay', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Relay:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Hold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rayswarm.v1.Relay/Hold',
+            swarm_dot___proto_dot_swarm__pb2.RelayHold.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.RelayIncoming.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Dial(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rayswarm.v1.Relay/Dial',
+            swarm_dot___proto_dot_swarm__pb2.RelayBytes.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.RelayBytes.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Accept(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rayswarm.v1.Relay/Accept',
+            swarm_dot___proto_dot_swarm__pb2.RelayBytes.SerializeToString,
+            swarm_dot___proto_dot_swarm__pb2.RelayBytes.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -50,6 +50,8 @@ def run(ns: argparse.Namespace) -> int:
             flag = "--open" if credentials.is_open else "--credentials DIR"
             print(f"initial peers: {registry.addresses[0]}", flush=True)
             print(f"try: swarm status --initial-peers {registry.addresses[0]} {flag}", flush=True)
+            if registry.member_relays.offered:  # a private swarm's relay (swarm/registry/member_relay.py)
+                print(f"members-only relay at {registry.member_relays.offered}", flush=True)
             signals.wait(lambda: True)
         finally:
             registry.shutdown()

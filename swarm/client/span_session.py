@@ -64,7 +64,7 @@ class SpanSession:
         self._shape = (batch_size, max_length, adapter)
         self._channel: grpc.Channel | None = None
         if stubs is None:
-            address = channel_address(hop.address)
+            address = channel_address(hop.address, credentials)
             self._channel = credentials.channel(address, [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
         self._stub = pb_grpc.PeerStub(self._channel) if stubs is None else stubs(hop.address)
         link = None

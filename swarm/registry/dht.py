@@ -15,6 +15,8 @@ from typing import Any
 from swarm.errors import PeerUnavailable
 from swarm.registry.addresses import initial_peer_list
 from swarm.registry.hosts import LOOPBACK, HostConfig, free_port, multiaddr, multiaddr_host
+from swarm.registry.member_relay import is_member_relayed
+from swarm.registry.member_relays import MemberRelays
 from swarm.registry.reachability import Reachability
 from swarm.registry.reachability import check as check_reachability
 from swarm.registry.reachability import serve as serve_reachability
@@ -22,6 +24,7 @@ from swarm.registry.records import InvalidRecord, from_dht, to_dht
 from swarm.registry.relay_probe import relays_past_the_default_cap
 from swarm.registry.signing import RecordSigning, split_subkey
 from swarm.registry.tunnel import CIRCUIT, dial_through, relay_addresses
+from swarm.registry.tunnel import serve as serve_tunnel
 from swarm.security import SwarmCredentials
 from swarm.types import PeerInfo
 
@@ -118,10 +121,17 @@ class Registry:
         host_maddrs, announce_maddrs = dht_multiaddrs(HostConfig(host, announce_host), port, initial_peers)
         self.signing, self.read_timeout_s = RecordSigning(credentials, signing_key), read_timeout_s
         node = {"initial_peers": initial_peers, "host_maddrs": host_maddrs, "client_mode": client_mode}
-        options = dict(node, announce_maddrs=announce_maddrs, **p2p_options(client_mode, relay, relay_max_circuits))
+        libp2p_relay = relay if credentials.is_open else ""  # a private swarm relays through its own relays
+        options = dict(
+            node, announce_maddrs=announce_maddrs, **p2p_options(client_mode, libp2p_relay, relay_max_circuits)
+        )
         self.dht = self._start(options)
-        if relay == "offer" and not client_mode:
+        if libp2p_relay == "offer" and not client_mode:
             self._until_relays_are_lifted(options)
+        self.member_relays = MemberRelays(credentials, self._store_signed, self._signed_entries)
+        if relay == "offer" and not credentials.is_open:
+            toward = multiaddr_host(initial_peers[0]) if initial_peers else None
+            self.member_relays.offer(host, HostConfig(host, announce_host).announced(toward))
         self.initial_peers = initial_peers
         self.tunnel_addresses: list[str] = []  # where clients reach this node's peer through a relay, if they must
         dial_through(self.dht, relays=options["use_relay"])
@@ -131,7 +141,7 @@ class Registry:
             announced = multiaddr_host_port(self.addresses[0]) if self.addresses else None
             report = self.check_reachable(*announced, what="DHT node") if announced is not None else None
             if report is not None and not report.reachable and relay == "use" and initial_peers:
-                self._relayed(node)
+                self._relayed(node) if credentials.is_open else self._member_relayed(node)
 
     def _start(self, options: dict[str, Any]) -> Any:
         from swarm.registry.bound_dht import start_dht  # hivemind is heavy: imported when a node starts
@@ -166,6 +176,36 @@ class Registry:
             logger.info("unreachable: relayed through %s", self.tunnel_addresses[0].split(CIRCUIT)[0])
         else:
             logger.warning("unreachable, and no initial peer keeps a relay slot for it (they need --relay)")
+
+    def _member_relayed(self, node: dict[str, Any]) -> None:
+        """Nobody can dial this node, in a private swarm: it goes on as a DHT client (others need not reach it)
+        and holds a slot on every member relay (swarm/registry/member_relays.py)."""
+        self.dht.shutdown()
+        self.dht = self._start(dict(node, client_mode=True, **p2p_options(True, "")))
+        dial_through(self.dht, relays=True)
+        self.tunnel_addresses = self.member_relays.hold()
+        if self.tunnel_addresses:
+            logger.info("unreachable: relayed through the member relay %s", self.tunnel_addresses[0])
+        else:
+            logger.warning("unreachable, and no member relay holds a slot for it (a node with --relay keeps them)")
+
+    def serve_tunnels(self, target: str) -> None:
+        """Connections through this node's relay slots go to `target` (its peer's gRPC server, host:port)."""
+        if self.tunnel_addresses and is_member_relayed(self.tunnel_addresses[0]):
+            self.member_relays.serve(target)
+        else:
+            serve_tunnel(self.dht, target)
+
+    def held_tunnel_addresses(self) -> list[str]:
+        """The tunnel addresses of the relay slots this node still holds."""
+        if self.tunnel_addresses and is_member_relayed(self.tunnel_addresses[0]):
+            return self.member_relays.held()
+        return relay_addresses(self.dht, timeout_s=0.0)
+
+    def _store_signed(self, key: str, value: Any, ttl_s: float, name: str) -> bool:
+        from hivemind.utils import get_dht_time
+
+        return bool(self.dht.store(key, value, get_dht_time() + ttl_s, subkey=self.signing.subkey(name)))
 
     def check_reachable(self, host: str, port: int, what: str) -> Reachability:
         """Whether others can connect to host:port, asked of another DHT node (swarm/registry/reachability.py);
@@ -224,4 +264,5 @@ class Registry:
         return {name: value for name, (_, _, value) in chosen.items()}
 
     def shutdown(self) -> None:
+        self.member_relays.close()
         self.dht.shutdown()

@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
-import hashlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from swarm.registry.callers_loopback import connect_from, loopback_for
+from swarm.registry.member_relay import is_member_relayed
+from swarm.registry.member_relay import local_address as member_local_address
+from swarm.registry.member_relay import split as split_member_relayed
+
+if TYPE_CHECKING:
+    from swarm.security import SwarmCredentials
 
 logger = logging.getLogger(__name__)
 
@@ -50,27 +56,36 @@ def dial_through(dht: Any, relays: bool) -> None:
 
 
 def can_dial(address: str) -> bool:
-    """Whether this process can open a channel to `address`: a direct one always; a tunnel address where it has a
-    DHT node (a client; a peer whose stage runs in its daemon's process, `--no-ray`; not a Ray stage actor)."""
-    return not is_tunnel(address) or (_dialer is not None and _dialer.is_alive())
+    """Whether this process can open a channel to `address`: a direct one and a member relay's always; a libp2p
+    tunnel address where it has a DHT node (a client; a peer whose stage runs in its daemon's process, `--no-ray`;
+    not a Ray stage actor)."""
+    return not is_tunnel(address) or is_member_relayed(address) or (_dialer is not None and _dialer.is_alive())
 
 
 def can_push_to(address: str) -> bool:
     """Whether a peer in this process may push to `address`: where it can dial it through a node that dials relays
     (started with --relay). A plain peer's p2pd refuses streams over relayed connections, so its push would fail
     once the answer that counted it as sent is gone: the client sends those steps itself instead."""
-    return not is_tunnel(address) or (can_dial(address) and _dialer_relays)
+    return not is_tunnel(address) or is_member_relayed(address) or (can_dial(address) and _dialer_relays)
 
 
-def channel_address(address: str) -> str:
+def channel_address(address: str, credentials: SwarmCredentials | None = None) -> str:
     """What a gRPC channel to `address` connects to: the address itself, or for a tunnel address the local port
-    that carries it (opened on first use).
+    that carries it (opened on first use). A private swarm's member relay (swarm/registry/member_relay.py) is
+    dialled with `credentials`, a libp2p tunnel through this process's DHT node.
 
     Raises:
-        PeerUnavailable: a tunnel address in a process that has no DHT node to dial it through.
+        PeerUnavailable: a tunnel address in a process that has no DHT node to dial it through, or a member
+            relay's without a private swarm's credentials.
     """
     if not is_tunnel(address):
         return address
+    if is_member_relayed(address):
+        if credentials is None or credentials.is_open:
+            from swarm.errors import PeerUnavailable
+
+            raise PeerUnavailable(f"{address} is reached through a private swarm's relay: members only")
+        return member_local_address(address, credentials)
     if not can_dial(address):
         from swarm.errors import PeerUnavailable
 
@@ -87,8 +102,9 @@ def channel_address(address: str) -> str:
 
 
 def is_tunnel(address: str) -> bool:
-    """A tunnel address is a libp2p multiaddress (it starts with "/"); a direct one is host:port."""
-    return address.startswith("/")
+    """A tunnel address is a libp2p multiaddress (it starts with "/") or a member relay's (`relay://`); a direct
+    one is host:port."""
+    return address.startswith("/") or is_member_relayed(address)
 
 
 def tunnel_peer(address: str) -> str:
@@ -98,6 +114,8 @@ def tunnel_peer(address: str) -> str:
 
 def relay_of(address: str) -> str:
     """host:port of the relay a tunnel address goes through ("" when it names none)."""
+    if is_member_relayed(address):
+        return split_member_relayed(address)[0]
     parts = address.split(CIRCUIT, 1)[0].split("/")
     if CIRCUIT not in address or len(parts) < 5 or parts[3] not in ("tcp", "udp"):
         return ""
@@ -139,38 +157,11 @@ async def _serve(target: str, dht: Any, node: Any) -> None:
         await node.p2p.add_binary_stream_handler(PROTOCOL, _accept)
 
 
-def loopback_for(peer: str) -> str:
-    """The loopback address from which this peer's DHT process connects to its gRPC server for the libp2p peer
-    `peer` (a base58 id), one of 127.1.0.0-127.255.255.255, never 127.0.0.x: the server then tells the callers that
-    reach it through tunnels apart (per-client limits, upload owners, all keyed on the caller's host in an open
-    swarm), as it tells apart callers from different hosts. Only as far as libp2p ids are distinct, which anyone can
-    make: an open swarm's hosts are no identity either, and a private swarm keys on the TLS-authenticated member."""
-    first, second, third = hashlib.blake2b(peer.encode(), digest_size=3).digest()
-    return f"127.{1 + first % 255}.{second}.{third}"
-
-
-def is_tunnel_loopback(host: str) -> bool:
-    """Whether `host` (a caller's IP address) is one of loopback_for's: a call that came through a tunnel."""
-    return host.startswith("127.") and not host.startswith("127.0.")
-
-
-async def _connect_from(source: str | None, host: str, port: int) -> tuple[Any, Any]:
-    """A connection to host:port from `source`, or from wherever the system picks where `source` is not an address
-    of this machine (only 127.0.0.1 is, on macOS)."""
-    if source is not None:
-        try:
-            return await asyncio.open_connection(host, port, local_addr=(source, 0))
-        except OSError as error:
-            if error.errno != errno.EADDRNOTAVAIL:
-                raise
-    return await asyncio.open_connection(host, port)
-
-
 async def _accept(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     host, _, port = _targets[PROTOCOL].rpartition(":")
-    source = loopback_for(str(info.peer_id)) if ":" not in host else None  # an IPv6 server: ::1 alone
-    try:
-        up_reader, up_writer = await _connect_from(source, host.strip("[]"), int(port))
+    try:  # a local connect: it does not hold the loop for long
+        local = connect_from(loopback_for(str(info.peer_id)), host.strip("[]"), int(port))
+        up_reader, up_writer = await asyncio.open_connection(sock=local)
     except OSError as error:
         logger.warning("tunnel from %s: the gRPC server at %s refused: %s", info.peer_id, _targets[PROTOCOL], error)
         writer.close()

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from swarm.registry import Registry
-from swarm.registry.tunnel import local_address, loopback_for, serve
+from swarm.registry.callers_loopback import loopback_for
+from swarm.registry.tunnel import local_address, serve
 from swarm.security import SwarmCredentials
 
 OPEN = SwarmCredentials.open()

@@ -7,6 +7,7 @@ import pytest
 
 from swarm.errors import PeerUnavailable
 from swarm.registry import tunnel
+from swarm.registry.callers_loopback import loopback_for
 
 RELAY = "12D3KooWF7KouDP2b3Dv8CdikVGvYnpRMLrpL3TEkV4pExM7BJmQ"
 PEER = "12D3KooWHqYM2p5edT9JnfRg1EPQonwPjKv9eMtMksx3oGxPEbVb"
@@ -89,7 +90,7 @@ def test_a_circuit_address_goes_to_p2pd_with_the_relays_multihash_not_a_cid() ->
 
 def test_loopback_addresses_are_stable_and_never_the_usual_loopback() -> None:
     ids = [f"12D3KooW{index:040d}" for index in range(2000)]
-    addresses = [tunnel.loopback_for(peer) for peer in ids]
-    assert addresses == [tunnel.loopback_for(peer) for peer in ids]
+    addresses = [loopback_for(peer) for peer in ids]
+    assert addresses == [loopback_for(peer) for peer in ids]
     assert all(a.startswith("127.") and not a.startswith("127.0.") for a in addresses)
     assert len(set(addresses)) >= 1995  # 24 bits: collisions are rare, not impossible
