@@ -11,12 +11,15 @@ link RTT, which with the issue's 2 ms of the relay's own is `relayed_extra_bound
 to it, direct; the relayed peer answers the client through the relay.) "punched": the peer behind a cone NAT, with
 two relays and two plain DHT nodes as initial peers (libp2p punches only once 4 other nodes have seen the same
 public address of the peer): the client connects through a relay, libp2p's DCUtR upgrades the connection, and the
-tokens travel directly; it should cost what the direct peer does. Prints one JSON object."""
+tokens travel directly; it should cost what the direct peer does. "private_direct" and "member_relayed": the direct
+and the symmetric-NAT cases again in a private swarm (TLS, signed calls), where the peer behind NAT is reached
+through the swarm's own members-only relay (swarm/registry/member_relay.py). Prints one JSON object."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 from benchmarks.nat_swarm import nat_swarm, relayed_hops
@@ -26,9 +29,17 @@ from benchmarks.netns.nat import Mapping
 PROMPT_IDS = [504, 3458, 5951, 2777, 1245, 314, 9781, 2162]
 
 
-def measure(model: Path, behind_nat: bool, rtt_ms: float, new_tokens: int, mapping: Mapping = "symmetric") -> dict:
+def measure(
+    model: Path,
+    behind_nat: bool,
+    rtt_ms: float,
+    new_tokens: int,
+    mapping: Mapping = "symmetric",
+    credentials: Path | None = None,
+) -> dict:
     relays = 2 if mapping == "cone" else 1  # with the plain DHT nodes, the 4 nodes that hole punching waits for
-    with nat_swarm(model, behind_nat=behind_nat, mapping=mapping, rtt_ms=rtt_ms, relays=relays) as swarm:
+    options = {"mapping": mapping, "rtt_ms": rtt_ms, "relays": relays, "credentials": credentials}
+    with nat_swarm(model, behind_nat=behind_nat, **options) as swarm:
         result = swarm.generate(PROMPT_IDS, new_tokens, warmup=True)
     return {
         "tokens_per_s": result["tokens_per_s"],
@@ -38,6 +49,15 @@ def measure(model: Path, behind_nat: bool, rtt_ms: float, new_tokens: int, mappi
         "hop_modes": result["hop_modes"],
         "tokens": result["tokens"],
     }
+
+
+def private_member(root: Path) -> Path:
+    """A private swarm's CA and one member's directory under `root` (every part of the private swarms is it)."""
+    from swarm.security import init_swarm, issue_member
+
+    init_swarm(root / "ca", "nat-benchmark")
+    issue_member(root / "ca", root / "member", "member")
+    return root / "member"
 
 
 def main() -> None:
@@ -52,16 +72,24 @@ def main() -> None:
     direct = measure(ns.model, False, ns.rtt_ms, ns.max_new_tokens)
     relayed = measure(ns.model, True, ns.rtt_ms, ns.max_new_tokens)
     punched = measure(ns.model, True, ns.rtt_ms, ns.max_new_tokens, mapping="cone")
-    shown = {name: run for name, run in [("direct", direct), ("relayed", relayed), ("punched", punched)]}
+    with tempfile.TemporaryDirectory() as keys:
+        member = private_member(Path(keys))
+        private_direct = measure(ns.model, False, ns.rtt_ms, ns.max_new_tokens, credentials=member)
+        member_relayed = measure(ns.model, True, ns.rtt_ms, ns.max_new_tokens, credentials=member)
+    runs = [("direct", direct), ("relayed", relayed), ("punched", punched)]
+    runs += [("private_direct", private_direct), ("member_relayed", member_relayed)]
+    shown = dict(runs)
     report = {
         "rtt_ms": ns.rtt_ms,
         **{name: {key: value for key, value in run.items() if key != "tokens"} for name, run in shown.items()},
-        "same_tokens": direct["tokens"] == relayed["tokens"] == punched["tokens"],
+        "same_tokens": all(run["tokens"] == direct["tokens"] for run in shown.values()),
         "relayed_vs_direct": relayed["tokens_per_s"] / direct["tokens_per_s"],
         "relayed_extra_ms_per_token": relayed["step_ms_median"] - direct["step_ms_median"],
         "relayed_extra_bound_ms": ns.rtt_ms + 2.0,  # one link's round trip and 2 ms of the relay's own
         "punched_vs_direct": punched["tokens_per_s"] / direct["tokens_per_s"],
         "punched_extra_ms_per_token": punched["step_ms_median"] - direct["step_ms_median"],
+        "member_relayed_vs_private_direct": member_relayed["tokens_per_s"] / private_direct["tokens_per_s"],
+        "member_relayed_extra_ms_per_token": member_relayed["step_ms_median"] - private_direct["step_ms_median"],
     }
     print(json.dumps(report), flush=True)
 

@@ -18,7 +18,7 @@ import grpc
 from peers.push_targets import PushTargets
 from swarm._proto import swarm_pb2 as pb
 from swarm.channels import PeerStubs
-from swarm.errors import InvalidRequest, Overloaded, PermissionDenied, SessionNotFound
+from swarm.errors import InvalidRequest, Overloaded, PeerUnavailable, PermissionDenied, SessionNotFound
 from swarm.registry.tunnel import can_push_to
 from swarm.security import SwarmCredentials
 
@@ -322,6 +322,9 @@ class Pusher:
             return list(response.accepted) if len(response.accepted) == count else [False] * count
         except grpc.RpcError as error:
             logger.info("push of %d steps to %s failed: %s", count, address, error.code())
+            return [False] * count
+        except PeerUnavailable as error:  # a relayed address this process cannot dial: the client sends them
+            logger.info("push of %d steps to %s: %s", count, address, error)
             return [False] * count
         finally:
             self._finished(address)

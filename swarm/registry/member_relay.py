@@ -1,20 +1,17 @@
-"""A private swarm's relay, for members only (issue 40): what libp2p's circuit relay (swarm/registry/tunnel.py)
-cannot be, because hivemind's p2pd reserves a slot for any node and has no access list.
+"""A private swarm's relay, for members only (issue 40; docs/nat.md): what libp2p's circuit relay
+(swarm/registry/tunnel.py) cannot be, since hivemind's p2pd reserves a slot for any node and has no access list.
 
-A relay node of a private swarm (`swarm dht --relay`, `swarm peer join --relay`) serves the gRPC service Relay on
-its own port, with the swarm's TLS and signed calls: only members reach it. A member nobody can dial holds a slot
-on it (Hold, one outbound stream) and announces `relay://RELAY_HOST:PORT/NAME` as its address. A member that dials
-such an address opens a local port (`local_address`) whose every TCP connection becomes one Dial stream; the relay
-tells the holder (Incoming), which opens an Accept stream for that connection and splices it to its own gRPC
-server, and the relay copies bytes between the two streams. The peer's own gRPC TLS and call signatures run inside,
-end to end: the relay sees sizes and who talks to whom, which members may know of each other.
-
-Threads, not an event loop: a relayed connection is a long-lived byte pipe (a Sessions stream), a few per peer.
+A relay node serves the gRPC service Relay with the swarm's TLS and signed calls. A member nobody can dial holds a
+slot there (Hold: one outbound stream) and announces `relay://RELAY_HOST:PORT/NAME`; a member dialling that address
+opens a local port (`local_address`) whose every TCP connection becomes a Dial stream, which the relay pairs with
+the Accept stream the holder opens for it (splicing it to its own gRPC server). The peer's own TLS and call
+signatures run inside, end to end. Threads, not an event loop: a relayed connection is a long-lived byte pipe.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import logging
 import queue
@@ -40,7 +37,20 @@ ACCEPT_TIMEOUT_S = 10.0  # how long a Dial waits for the holder's Accept
 CHUNK_BYTES = 1 << 16
 QUEUED_CHUNKS = 64  # per direction of a relayed connection: a slow reader holds back its writer
 POLL_S = 0.5  # how often a blocked stream looks whether its call is still active
-SERVER_THREADS = 256  # each relayed connection takes two streams (and a pump thread each)
+SERVER_THREADS = 256  # each slot takes one, each relayed connection two (and a pump thread each, off the pool)
+FINGERPRINT_CHARS = 16  # of a slot's holder, that its name starts with
+# Home routers and carrier-grade NATs forget an idle TCP mapping within minutes: a slot's stream pings every 30 s
+# (the relay allows pings without calls), so a dead one is found and the peer moves to another slot.
+KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+SERVER_KEEPALIVE = [
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 def is_member_relayed(address: str) -> bool:
@@ -63,42 +73,46 @@ def split(address: str) -> tuple[str, str]:
 @dataclass
 class _Slot:
     member: str  # the fingerprint of the member holding it
-    incoming: queue.Queue = field(default_factory=queue.Queue)
+    incoming: queue.Queue = field(default_factory=lambda: queue.Queue(QUEUED_CHUNKS))
 
 
 @dataclass
 class _Connection:
+    """One relayed connection: its two directions, and `closed` once either stream ends (then both end, after
+    what was already queued for them)."""
+
     member: str  # who must accept it: the slot's holder
     accepted: threading.Event = field(default_factory=threading.Event)
+    closed: threading.Event = field(default_factory=threading.Event)
     to_dialer: queue.Queue = field(default_factory=lambda: queue.Queue(QUEUED_CHUNKS))
     to_holder: queue.Queue = field(default_factory=lambda: queue.Queue(QUEUED_CHUNKS))
 
 
 class RelayService(pb_grpc.RelayServicer):
-    """The relay's side: slots by name, connections waiting for their Accept, bytes between the two streams."""
+    """The relay's side: slots by name, connections waiting for their Accept, bytes between the two streams.
+
+    A slot's name starts with its holder's certificate fingerprint (`slot_name`), so only that member can hold it,
+    also after its Hold broke: no other member can take over a name that peer records still point to."""
 
     def __init__(self, accept_timeout_s: float = ACCEPT_TIMEOUT_S) -> None:
         self.accept_timeout_s = accept_timeout_s
         self._slots: dict[str, _Slot] = {}
         self._waiting: dict[str, _Connection] = {}
         self._lock = threading.Lock()
-        self.relayed = itertools.count()  # connections relayed so far (next() reads and counts)
 
     def Hold(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        member, slot = _member(context), None
+        member = _member(context)
+        if not request.name.startswith(f"{member[:FINGERPRINT_CHARS]}-"):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "a slot's name starts with its holder's fingerprint")
+        slot = _Slot(member)
         with self._lock:
-            held = self._slots.get(request.name)
-            if held is not None and held.member != member:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"slot {request.name!r} is another member's")
-            slot = self._slots[request.name] = _Slot(member)
+            self._slots[request.name] = slot  # the same member again (its last Hold broke): the new one serves
         context.send_initial_metadata(())  # the member learns at once that it holds the slot
         try:
             while context.is_active():
-                try:
+                with contextlib.suppress(queue.Empty):
                     connection, caller = slot.incoming.get(timeout=POLL_S)
                     yield pb.RelayIncoming(connection=connection, caller=caller)
-                except queue.Empty:
-                    continue
         finally:
             with self._lock:
                 if self._slots.get(request.name) is slot:
@@ -113,24 +127,34 @@ class RelayService(pb_grpc.RelayServicer):
         connection, name = _Connection(slot.member), uuid.uuid4().hex
         with self._lock:
             self._waiting[name] = connection
-        slot.incoming.put((name, caller))
-        if not connection.accepted.wait(self.accept_timeout_s):
-            with self._lock:
-                self._waiting.pop(name, None)
+        try:
+            slot.incoming.put_nowait((name, caller))
+        except queue.Full:
+            self._forget(name)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the slot's holder has too many connections waiting")
+        if not connection.accepted.wait(self.accept_timeout_s) and self._forget(name):
             context.abort(grpc.StatusCode.UNAVAILABLE, "the slot's holder did not accept the connection")
-        next(self.relayed)
-        _pump(itertools.chain([first], request_iterator), connection.to_holder, context)
-        yield from _drain(connection.to_dialer, context)
+        frames = itertools.chain([first], request_iterator)
+        yield from _relay(frames, connection.to_holder, connection.to_dialer, connection, context)
 
     def Accept(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        first = next(request_iterator, None)
+        first, member = next(request_iterator, None), _member(context)
         with self._lock:
-            connection = self._waiting.pop(first.connection, None) if first is not None else None
-        if connection is None or connection.member != _member(context):
+            connection = self._waiting.get(first.connection) if first is not None else None
+            if connection is not None and connection.member == member:
+                del self._waiting[first.connection]
+            else:
+                connection = None
+        if connection is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "no connection waits for this member under that name")
         connection.accepted.set()
-        _pump(itertools.chain([first], request_iterator), connection.to_dialer, context)
-        yield from _drain(connection.to_holder, context)
+        frames = itertools.chain([first], request_iterator)
+        yield from _relay(frames, connection.to_dialer, connection.to_holder, connection, context)
+
+    def _forget(self, name: str) -> bool:
+        """Stop waiting for the Accept of `name`; False when it already came (then the connection goes on)."""
+        with self._lock:
+            return self._waiting.pop(name, None) is not None
 
 
 def _member(context: grpc.ServicerContext) -> str:
@@ -140,66 +164,69 @@ def _member(context: grpc.ServicerContext) -> str:
     return member.fingerprint
 
 
-def _pump(frames: Iterator[Any], sink: queue.Queue, context: grpc.ServicerContext) -> None:
-    """Copy the data of `frames` into `sink` on a thread of its own, then an end (None)."""
-
-    def run() -> None:
-        try:
-            for frame in frames:
-                if frame.data and not _put(sink, frame.data, context):
+def _relay(
+    frames: Iterator[Any], sink: queue.Queue, source: queue.Queue, connection: _Connection, context: Any
+) -> Iterator[Any]:
+    """One side of a relayed connection: the data of this stream's `frames` into `sink` (a thread of its own),
+    and what `source` gets as this stream's answers, until either side ends."""
+    threading.Thread(target=_pump, args=(frames, sink, connection), name="relay-pump", daemon=True).start()
+    try:
+        while True:
+            try:
+                yield pb.RelayBytes(data=source.get(timeout=POLL_S))
+            except queue.Empty:
+                if connection.closed.is_set() or not context.is_active():
                     return
-        except grpc.RpcError:  # the stream broke: the other side ends too
-            pass
-        finally:
-            _put(sink, None, context)
-
-    threading.Thread(target=run, name="relay-pump", daemon=True).start()
+    finally:
+        connection.closed.set()
 
 
-def _put(sink: queue.Queue, item: bytes | None, context: grpc.ServicerContext) -> bool:
-    while context.is_active():
-        try:
-            sink.put(item, timeout=POLL_S)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _drain(source: queue.Queue, context: grpc.ServicerContext) -> Iterator[Any]:
-    while context.is_active():
-        try:
-            data = source.get(timeout=POLL_S)
-        except queue.Empty:
-            continue
-        if data is None:
-            return
-        yield pb.RelayBytes(data=data)
+def _pump(frames: Iterator[Any], sink: queue.Queue, connection: _Connection) -> None:
+    try:
+        for frame in frames:
+            while frame.data and not connection.closed.is_set():
+                try:
+                    sink.put(frame.data, timeout=POLL_S)
+                    break
+                except queue.Full:
+                    continue
+            if connection.closed.is_set():
+                return
+    except grpc.RpcError:  # the stream broke: the other side ends too
+        pass
+    finally:
+        connection.closed.set()
 
 
 def serve_relay(credentials: SwarmCredentials, host: str, port: int = 0) -> tuple[grpc.Server, RelayService, int]:
     """Start a private swarm's relay on host:port (0: any free port): its server, its service and its port."""
     if credentials.is_open:
         raise ValueError("a member relay is a private swarm's: an open swarm's nodes relay through libp2p")
-    server, service = credentials.server(SERVER_THREADS), RelayService()
+    server, service = credentials.server(SERVER_THREADS, SERVER_KEEPALIVE), RelayService()
     pb_grpc.add_RelayServicer_to_server(service, server)
     bound = credentials.add_port(server, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     server.start()
     return server, service, bound
 
 
+def slot_name(credentials: SwarmCredentials) -> str:
+    """A new slot name of this member: its certificate's fingerprint, then a random part."""
+    fingerprint = hashlib.sha256(credentials.cert_der()).hexdigest()
+    return f"{fingerprint[:FINGERPRINT_CHARS]}-{secrets.token_hex(8)}"
+
+
 # ---- a member nobody can dial: its slot ----
 
 
 class RelaySlot:
-    """A slot held on one relay under a random name, each connection through it spliced to `target` (host:port of
-    this member's gRPC server, set once it listens). `alive` turns False when the relay goes; `close` ends it."""
+    """A slot held on one relay under a new name of this member's, each connection through it spliced to `target`
+    (host:port of this member's gRPC server; "" until it listens: connections are refused meanwhile). `alive`
+    turns False when the relay goes (or stops answering its pings); `close` ends it."""
 
-    def __init__(self, credentials: SwarmCredentials, relay: str) -> None:
-        self.relay, self.name = relay, secrets.token_hex(8)
+    def __init__(self, credentials: SwarmCredentials, relay: str, target: str = "") -> None:
+        self.relay, self.name, self.target = relay, slot_name(credentials), target
         self.address = member_relay_address(relay, self.name)
-        self.target = ""
-        self._channel = credentials.channel(relay)
+        self._channel = credentials.channel(relay, KEEPALIVE)
         self._stub = pb_grpc.RelayStub(self._channel)
         self.alive = True
         self._hold = self._stub.Hold(pb.RelayHold(name=self.name))
@@ -229,15 +256,18 @@ class RelaySlot:
             self.alive = False
 
     def _accept(self, connection: str, caller: str) -> None:
-        if not self.target:
-            return  # not serving yet: the dialer's Dial times out and it fails over
+        first = pb.RelayBytes(connection=connection)
         host, _, port = self.target.rpartition(":")
         try:
+            if not self.target:
+                raise OSError("not serving yet")
             local = connect_from(loopback_for(caller), host.strip("[]"), int(port))
-        except OSError as error:
+        except OSError as error:  # accepted and ended at once: the dialer fails over now, not after a timeout
             logger.warning("relayed connection refused by this member's server at %s: %s", self.target, error)
+            with contextlib.suppress(grpc.RpcError):
+                for _ in self._stub.Accept(iter([first]), timeout=ACCEPT_TIMEOUT_S):
+                    pass
             return
-        first = pb.RelayBytes(connection=connection)
         _splice(local, self._stub.Accept(_frames(first, local)))
 
     def close(self) -> None:
@@ -248,7 +278,7 @@ class RelaySlot:
 # ---- a member that dials a relayed one ----
 
 _bridges: dict[str, int] = {}  # relay:// address -> the local port that carries it
-_channels: dict[str, grpc.Channel] = {}  # relay host:port -> the channel to it
+_channels: dict[tuple[str, bytes], grpc.Channel] = {}  # (relay host:port, member certificate) -> its channel
 _bridges_lock = threading.Lock()
 
 
@@ -257,9 +287,10 @@ def local_address(address: str, credentials: SwarmCredentials) -> str:
     with _bridges_lock:
         if address not in _bridges:
             relay, name = split(address)
-            if relay not in _channels:
-                _channels[relay] = credentials.channel(relay)
-            stub = pb_grpc.RelayStub(_channels[relay])
+            key = (relay, credentials.cert_der())
+            if key not in _channels:
+                _channels[key] = credentials.channel(relay)
+            stub = pb_grpc.RelayStub(_channels[key])
             listening = socket.create_server(("127.0.0.1", 0))
             threading.Thread(target=_bridge, args=(listening, stub, name), name="relay-bridge", daemon=True).start()
             _bridges[address] = listening.getsockname()[1]
@@ -296,4 +327,6 @@ def _splice(local: socket.socket, answers: Iterator[Any]) -> None:
     finally:
         if hasattr(answers, "cancel"):
             answers.cancel()
+        with contextlib.suppress(OSError):  # wakes the thread reading it (close alone would not), and sends FIN
+            local.shutdown(socket.SHUT_RDWR)
         local.close()

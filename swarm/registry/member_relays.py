@@ -52,9 +52,8 @@ class MemberRelays:
         """Hold a slot on every relay the DHT lists (other than this node's); the relay addresses of those held."""
         relays = sorted(set(self._read(RELAYS_KEY).values()) - {self.offered})
         for relay in relays:
-            slot = RelaySlot(self.credentials, relay)
+            slot = RelaySlot(self.credentials, relay, self._target)
             if slot.held_within(HOLD_TIMEOUT_S):
-                slot.target = self._target
                 self.slots.append(slot)
             else:
                 logger.warning("member relay %s did not take a slot", relay)

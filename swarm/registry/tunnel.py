@@ -159,8 +159,9 @@ async def _serve(target: str, dht: Any, node: Any) -> None:
 
 async def _accept(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     host, _, port = _targets[PROTOCOL].rpartition(":")
-    try:  # a local connect: it does not hold the loop for long
-        local = connect_from(loopback_for(str(info.peer_id)), host.strip("[]"), int(port))
+    source, loop = loopback_for(str(info.peer_id)), asyncio.get_running_loop()
+    try:  # off the loop: a connect to an address that does not answer must not stall the node's libp2p traffic
+        local = await loop.run_in_executor(None, connect_from, source, host.strip("[]"), int(port))
         up_reader, up_writer = await asyncio.open_connection(sock=local)
     except OSError as error:
         logger.warning("tunnel from %s: the gRPC server at %s refused: %s", info.peer_id, _targets[PROTOCOL], error)

@@ -147,8 +147,12 @@ def test_a_replica_behind_nat_is_bound_by_its_member_alone_and_only_in_a_private
     """A relayed replica is registered at a relay's circuit address and calls from its router's; a call through a
     tunnel comes from a loopback address of the caller's libp2p node (swarm/registry/tunnel.py)."""
     relayed = "/ip4/44.77.0.10/tcp/4001/p2p/12D3KooWRelay/p2p-circuit/p2p/12D3KooWHome"
-    gate = SiblingGate(lambda: {"home": relayed, "public": "44.77.0.13:4000"})
+    member_relayed = "relay://44.77.0.10:4500/0123456789abcdef-00ff"  # a private swarm's own relay
+    gate = SiblingGate(lambda: {"home": relayed, "public": "44.77.0.13:4000", "home2": member_relayed})
     gate.check("home", Caller("44.77.0.15", "fingerprint-of-bob"))  # from its router's address
+    gate.check("home2", Caller("44.77.0.16", "fingerprint-of-carol"))
+    with pytest.raises(PermissionDenied, match="registered at"):
+        gate.check("home2", Caller("44.77.0.16", ""))
     gate.check("public", Caller("127.201.7.9", "fingerprint-of-alice"))  # through a tunnel
     with pytest.raises(PermissionDenied, match="belongs to another member"):
         gate.check("home", Caller("127.9.8.7", "fingerprint-of-mallory"))
