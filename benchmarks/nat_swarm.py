@@ -15,6 +15,7 @@ from pathlib import Path
 from benchmarks.netns import PUBLIC_SUBNET, HomeNetwork, WanLink
 from benchmarks.netns.nat import Mapping
 from benchmarks.wan_swarm import Command
+from swarm.registry.tunnel import is_tunnel
 
 HOSTS = ["bootstrap", "relay2", "peer0", "client", "gw", "peer1", "dht1", "dht2"]
 # libp2p starts hole punching once 4 other nodes have seen the same public address of a peer behind NAT: its relays,
@@ -114,4 +115,4 @@ def start_relay(
 
 def relayed_hops(route: str) -> list[bool]:
     """Per hop of a wan_client route line, whether it goes through a relay."""
-    return ["/p2p-circuit/" in hop for hop in route.split(",")]
+    return [is_tunnel(hop) for hop in route.split(",")]
