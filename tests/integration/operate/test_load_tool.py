@@ -67,7 +67,10 @@ def test_guidellm_runs_a_short_benchmark_with_no_failed_request(
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (benchmark,) = json.loads((tmp_path / "out.json").read_text())["benchmarks"]
     made = benchmark["scheduler_metrics"]["requests_made"]
-    assert made == {"successful": REQUESTS, "errored": 0, "incomplete": 0, "total": REQUESTS}
+    assert made["errored"] == made["incomplete"] == 0 and made["successful"] == made["total"], made
+    # guidellm's max_requests constraint stops creating at REQUESTS, but once it stopped one queued request was
+    # never sent (7 made, 7 successful, none errored or incomplete; one CI run of many): what it sent is checked.
+    assert REQUESTS - STREAMS < made["total"] <= REQUESTS, made
     after = api_counters(running_api.base_url)
-    assert after["chat_200"] - before["chat_200"] == REQUESTS
-    assert after["first_tokens"] - before["first_tokens"] == REQUESTS
+    assert after["chat_200"] - before["chat_200"] == made["total"]
+    assert after["first_tokens"] - before["first_tokens"] == made["total"]
