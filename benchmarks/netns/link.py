@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "rsw-"
@@ -75,6 +75,25 @@ class NamespaceProcesses:
 
     def command(self, host: str, argv: Sequence[str]) -> list[str]:
         raise NotImplementedError
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        """Build the namespaces (whatever a failed build made is removed again); closed at exit if not before."""
+        atexit.register(self.close)
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def popen(
         self, host: str, argv: Sequence[str], env: dict[str, str] | None = None, **kwargs: Any
@@ -132,18 +151,6 @@ class WanLink(NamespaceProcesses):
     def command(self, host: str, argv: Sequence[str]) -> list[str]:
         """`argv` run inside `host`'s namespace."""
         return ["ip", "netns", "exec", self.namespace(host), *argv]
-
-    def __enter__(self) -> WanLink:
-        atexit.register(self.close)
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _build(self) -> None:
         self._add_namespace(self.router)

@@ -122,18 +122,6 @@ class HomeNetwork(NamespaceProcesses):
         """SIGKILL every process in the home's namespace at once, as when the machine is lost; returns their PIDs."""
         return _kill_all(self.namespace)
 
-    def __enter__(self) -> HomeNetwork:
-        atexit.register(self.close)
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _build(self) -> None:
         name, router = self.namespace, self.router_namespace
         _ip("netns", "add", name)

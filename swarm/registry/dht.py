@@ -189,16 +189,21 @@ class Registry:
         else:
             logger.warning("unreachable, and no member relay holds a slot for it (a node with --relay keeps them)")
 
+    @property
+    def _through_member_relays(self) -> bool:
+        """Whether this node's relay slots are on member relays (a private swarm's) rather than libp2p's."""
+        return bool(self.tunnel_addresses) and is_member_relayed(self.tunnel_addresses[0])
+
     def serve_tunnels(self, target: str) -> None:
         """Connections through this node's relay slots go to `target` (its peer's gRPC server, host:port)."""
-        if self.tunnel_addresses and is_member_relayed(self.tunnel_addresses[0]):
+        if self._through_member_relays:
             self.member_relays.serve(target)
         else:
             serve_tunnel(self.dht, target)
 
     def held_tunnel_addresses(self) -> list[str]:
         """The tunnel addresses of the relay slots this node still holds."""
-        if self.tunnel_addresses and is_member_relayed(self.tunnel_addresses[0]):
+        if self._through_member_relays:
             return self.member_relays.held()
         return relay_addresses(self.dht, timeout_s=0.0)
 
