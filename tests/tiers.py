@@ -10,8 +10,8 @@ A test may name its tier itself (`@pytest.mark.integration`): a unit module's on
 In the unit tier, starting a process or a gRPC server, or binding or connecting an internet socket, fails the test
 (TierViolation).
 
-`make test` runs each tier in its own pytest run, with pytest-xdist workers (tests/run_tiers.py), and prints each
-tier's wall time; `make test-unit`, `make test-integration` and `make test-system` run one. Under xdist, modules that
+`make test` runs each tier in its own pytest run, the integration and system tiers side by side
+(tests/run_tiers.py), and prints each tier's wall time; `make test-unit`, `make test-integration` and `make test-system` run one. Under xdist, modules that
 start daemons, Ray clusters or peer processes form one group (PROCESS_MODULES), every other module is one.
 """
 
@@ -160,8 +160,9 @@ class Tiers:
             return (yield)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # By keyword, not by item: under pytest-xdist this runs in the controller, which collected nothing.
-        tier = next((tier for tier in TIERS if tier in report.keywords), None)
+        # By keyword, not by item: under pytest-xdist this runs in the controller, which collected nothing. A test's
+        # directory is a keyword too (a system test in tests/integration/ has both): its marker is the later tier.
+        tier = next((tier for tier in reversed(TIERS) if tier in report.keywords), None)
         if tier is None:
             return
         tally = self.tallies[tier]
