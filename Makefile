@@ -28,7 +28,8 @@ SCHEMA_READY := $(SCHEMA_CHECK)/node_modules/.installed
 demo: $(MODEL_READY)
 	$(PY) -m swarm demo --model $(MODEL)
 
-# Every tier, each in its own parallel pytest run (tests/run_tiers.py), then each tier's wall time.
+# Every tier, each in its own pytest run: unit first, then integration and system side by side (tests/run_tiers.py),
+# then each tier's wall time.
 test: $(MODEL_READY) test-tools grafana-schema load-tool
 	$(VENV)/bin/ruff check .
 	$(PY) tests/run_tiers.py

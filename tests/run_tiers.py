@@ -1,15 +1,20 @@
-"""`make test`: the three tiers one after another, each in its own pytest run with its own parallelism, then a
-table of each tier's wall time and outcome. Every tier runs even when an earlier one failed (a broken unit test
-should not hide an integration failure); the exit status is the first failing tier's.
+"""`make test`: the unit tier, then the integration and system tiers side by side, each in its own pytest run, then
+a table of each tier's wall time and outcome. Every tier runs even when another failed (a broken unit test should
+not hide an integration failure); the exit status is the first failing tier's.
 
-Parallelism (pytest-xdist) does not pay on the 2-core machine CI uses, measured (docs/figures.md#the-test-suite):
-the unit tier took 55 s of wall time on 2 workers, about what it takes in one process (each worker imports torch
-and collects the suite); the integration tier took 30 min 14 s on 2 workers (the modules that start daemons, Ray
-clusters or peer processes all on one of them: tests/tiers.py's PROCESS_MODULES), as long as in one process, with
-two tests failing under the load; on 4 workers the load passed 40. So every tier runs in one process;
-`SWARM_TEST_WORKERS=N` runs each on N workers (`--dist loadgroup`) on a machine with more cores.
+Why side by side (docs/figures.md#the-test-suite): the two process-heavy tiers leave part of the 2 cores idle while
+daemons start and tests wait on them. Run together on a fresh clone they took 29 min 15 s against 32 min one after
+the other (21 min 10 s + 10 min 56 s), and two whole suites side by side took 1.8x one suite's time: most of the
+suite is CPU-bound, so overlapping two runs gives back about a tenth, not half. Within a tier, pytest-xdist did not
+pay on 2 cores (measured twice: the integration tier on 2 workers took as long as in one process), so each tier
+runs in one process; `SWARM_TEST_WORKERS=N` runs each on N workers (`--dist loadgroup`) on a machine with more
+cores, and `--one-by-one` runs the tiers one after another.
 
-Run: `python tests/run_tiers.py [--tier unit|integration|system ...] [-- extra pytest args]`.
+The first tier of a group prints as it goes; the others write to a log that is printed, whole, once the group ends
+(so CI's output never interleaves two runs). Tests that share a machine do not clash: ports are chosen free, and
+network namespaces and Ray clusters are named per process.
+
+Run: `python tests/run_tiers.py [--tier unit|integration|system ...] [--one-by-one] [-- extra pytest args]`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +38,15 @@ class TierRun:
 
 
 TIER_RUNS = (TierRun("unit", 0), TierRun("integration", 0), TierRun("system", 0))
+TOGETHER = (("unit",), ("integration", "system"))  # tiers of a group run side by side, groups one after another
 WORKERS_VARIABLE = "SWARM_TEST_WORKERS"  # overrides every tier's workers (0: no xdist), e.g. to debug a failure
+
+
+@dataclass(frozen=True, slots=True)
+class TierResult:
+    run: TierRun
+    status: int  # 0: passed (pytest's 5, no tests collected, counts as passed)
+    seconds: float
 
 
 def pytest_command(run: TierRun, extra: list[str]) -> list[str]:
@@ -44,28 +58,58 @@ def pytest_command(run: TierRun, extra: list[str]) -> list[str]:
     return command + extra
 
 
-def run_tier(run: TierRun, extra: list[str]) -> tuple[int, float]:
-    """Run one tier; its exit status (5, no tests collected, counts as success) and wall seconds."""
-    started = time.monotonic()
-    status = subprocess.call(pytest_command(run, extra), cwd=REPO_ROOT)
-    return (0 if status == 5 else status), time.monotonic() - started
+def groups(chosen: list[TierRun], one_by_one: bool) -> list[list[TierRun]]:
+    """The chosen tiers in the groups they run in: TOGETHER's, or each alone."""
+    if one_by_one:
+        return [[run] for run in chosen]
+    named = {run.tier: run for run in chosen}
+    found = [[named[tier] for tier in group if tier in named] for group in TOGETHER]
+    return [group for group in found if group]
+
+
+def run_group(group: list[TierRun], extra: list[str]) -> list[TierResult]:
+    """Run a group's tiers at once: the first prints as it goes, each other's output is printed once it is done."""
+    with tempfile.TemporaryDirectory(prefix="swarm-tiers-") as logs:
+        started = time.monotonic()
+        running = []
+        for index, run in enumerate(group):
+            log = None if index == 0 else open(Path(logs) / f"{run.tier}.log", "w+")  # noqa: SIM115 (closed below)
+            process = subprocess.Popen(pytest_command(run, extra), cwd=REPO_ROOT, stdout=log, stderr=log)
+            running.append((run, process, log))
+        ended: dict[str, TierResult] = {}
+        while len(ended) < len(running):
+            for run, process, _ in running:
+                status = process.poll()
+                if status is not None and run.tier not in ended:
+                    ended[run.tier] = TierResult(run, 0 if status == 5 else status, time.monotonic() - started)
+            time.sleep(0.5)
+        for run, _, log in running:
+            if log is not None:
+                log.seek(0)
+                print(f"\n===== the {run.tier} tier's output (it ran beside {group[0].tier}) =====", flush=True)
+                sys.stdout.write(log.read())
+                sys.stdout.flush()
+                log.close()
+        return [ended[run.tier] for run, _, _ in running]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tier", action="append", choices=[run.tier for run in TIER_RUNS], help="default: all")
+    parser.add_argument("--one-by-one", action="store_true", help="run the tiers one after another")
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     ns = parser.parse_args(argv)
     chosen = [run for run in TIER_RUNS if ns.tier is None or run.tier in ns.tier]
-    results = [(run, *run_tier(run, ns.pytest_args)) for run in chosen]
-    print("\n===== tiers (wall time) =====")
+    started = time.monotonic()
+    results = [result for group in groups(chosen, ns.one_by_one) for result in run_group(group, ns.pytest_args)]
+    print("\n===== tiers (wall time; tiers of a group ran side by side) =====")
     print(f"{'tier':<12} {'workers':>7} {'status':>7} {'wall':>9}")
-    for run, status, seconds in results:
-        workers = os.environ.get(WORKERS_VARIABLE, run.workers)
-        print(f"{run.tier:<12} {workers:>7} {'passed' if status == 0 else 'FAILED':>7} {_minutes(seconds):>9}")
-    total = sum(seconds for _, _, seconds in results)
-    print(f"{'all':<12} {'':>7} {'':>7} {_minutes(total):>9}")
-    return next((status for _, status, _ in results if status), 0)
+    for result in results:
+        workers = os.environ.get(WORKERS_VARIABLE, result.run.workers)
+        outcome = "passed" if result.status == 0 else "FAILED"
+        print(f"{result.run.tier:<12} {workers:>7} {outcome:>7} {_minutes(result.seconds):>9}")
+    print(f"{'all':<12} {'':>7} {'':>7} {_minutes(time.monotonic() - started):>9}")
+    return next((result.status for result in results if result.status), 0)
 
 
 def _minutes(seconds: float) -> str:
