@@ -11,8 +11,9 @@ In the unit tier, starting a process or a gRPC server, or binding or connecting 
 (TierViolation).
 
 `make test` runs each tier in its own pytest run, the integration and system tiers side by side
-(tests/run_tiers.py), and prints each tier's wall time; `make test-unit`, `make test-integration` and `make test-system` run one. Under xdist, modules that
-start daemons, Ray clusters or peer processes form one group (PROCESS_MODULES), every other module is one.
+(tests/run_tiers.py), and prints each tier's wall time; `make test-unit`, `make test-integration` and
+`make test-system` run one. Under xdist, modules that start daemons, Ray clusters or peer processes form one group
+(PROCESS_MODULES), every other module is one.
 """
 
 from __future__ import annotations
