@@ -282,14 +282,15 @@ class Engine:
         with self._cond:
             died = not self._closed
             self._closed, self.alive = True, False
-            if not died:
-                return
-            error = PeerUnavailable("this peer's engine stopped after an internal error; try another peer")
+        if not died:
+            return
+        self.on_dead()  # first: a caller told below that the engine stopped then finds the peer OFFLINE, not ONLINE
+        error = PeerUnavailable("this peer's engine stopped after an internal error; try another peer")
+        with self._cond:
             self._reject([self.scheduler.drop(session, error) for session in list(self.scheduler.sessions.values())])
             while self._tasks:
                 for task in self._tasks.next_group():
                     reject(task.future, error)
-        self.on_dead()
 
     def _iterate(self, chunks: list[Chunk]) -> None:
         """Run the chunks (one forward per distinct block range, nearly always one), then hand out results."""

@@ -3,9 +3,9 @@ a table of each tier's wall time and outcome. Every tier runs even when another 
 not hide an integration failure); the exit status is the first failing tier's.
 
 Why side by side (docs/figures.md#the-test-suite): the two process-heavy tiers leave part of the 2 cores idle while
-daemons start and tests wait on them. Run together on a fresh clone they took 29 min 15 s against 32 min one after
-the other (21 min 10 s + 10 min 56 s), and two whole suites side by side took 1.8x one suite's time: most of the
-suite is CPU-bound, so overlapping two runs gives back about a tenth, not half. Within a tier, pytest-xdist did not
+daemons start and tests wait on them. On fresh clones they took 29 min 15 s and 30 min 54 s together against 32 min
+06 s and 32 min 42 s one after the other, and two whole suites side by side took 1.8x one suite's time: most of the
+suite is CPU-bound, so overlapping two runs gives back 5-9 %, not half. Within a tier, pytest-xdist did not
 pay on 2 cores (measured twice: the integration tier on 2 workers took as long as in one process), so each tier
 runs in one process; `SWARM_TEST_WORKERS=N` runs each on N workers (`--dist loadgroup`) on a machine with more
 cores, and `--one-by-one` runs the tiers one after another.
