@@ -63,6 +63,8 @@ SYSTEM_MODULES = frozenset(
         "integration/security/test_fuzz.py",
         "integration/security/test_load.py",
         "integration/peers/test_finetune_churn.py",
+        "integration/peers/test_placement_daemons.py",
+        "integration/training/test_replica_divergence.py",
         "integration/training/test_training_swarm.py",
     }
 )

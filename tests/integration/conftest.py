@@ -1,6 +1,7 @@
 """Fixtures shared by every integration module: one `swarm up --peers 2`, started on first use with the very command
-the README's Quick start gives (plus a short record TTL), and kept for the whole tier. The operating tests (the API,
-Prometheus, the monitor, a user's mistakes), the `swarm up` daemon tests and the placement tests use it; a test that
+the README's Quick start gives (plus a short record TTL), and kept for the whole pytest run. The operating tests (the
+API, Prometheus, the monitor, a user's mistakes), the `swarm up` daemon tests and the placement tests use it; the
+system tier's churn tests among them (tests/tiers.py) start their own in the system tier's run. A test that
 joins peers of its own stops them, and one whose peers must not mix with the shared ones names its own model in the
 registry (`--model-name`)."""
 

@@ -1,8 +1,9 @@
 """Placement and rebalancing with real peers: `swarm peer join` daemons (Ray actors, DHT, gRPC) move to the blocks
-the swarm lacks, and a generation open on a peer that moves still completes with the same tokens. The integration
-tier's shared `swarm up` (tests/integration/conftest.py) provides Ray and the DHT; each test names its own model in
-the registry, so the shared swarm's two peers are not among its peers. The peers serve the tiny random checkpoint of
-SmolLM2's shape (tests/tiny_checkpoint.py): its 30 blocks place as SmolLM2's do, and a move reloads in no time."""
+the swarm lacks, and a generation open on a peer that moves still completes with the same tokens: churn, so the
+system tier (tests/tiers.py). The shared `swarm up` (tests/integration/conftest.py) provides Ray and the DHT; each
+test names its own model in the registry, so the shared swarm's two peers are not among its peers. The peers serve
+the tiny random checkpoint of SmolLM2's shape (tests/tiny_checkpoint.py): its 30 blocks place as SmolLM2's do, and a
+move reloads in no time."""
 
 from __future__ import annotations
 

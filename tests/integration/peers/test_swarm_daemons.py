@@ -1,6 +1,7 @@
 """`swarm up`, `swarm status` and `swarm peer join` as a user runs them: real Ray actors, a real DHT, real gRPC,
-the SmolLM2 checkpoint. The integration tier's shared `swarm up --peers 2` (tests/integration/conftest.py); extra
-peers join its Ray cluster and are stopped by their test."""
+the SmolLM2 checkpoint. The shared `swarm up --peers 2` (tests/integration/conftest.py); extra peers join its Ray
+cluster and are stopped by their test. The three churn tests (a peer drained, killed, its actor crashed) are in the
+system tier (tests/tiers.py), which runs beside the integration tier with a shared swarm of its own."""
 
 from __future__ import annotations
 
@@ -154,6 +155,7 @@ def test_each_peer_serves_prometheus_metrics(swarm: Swarm) -> None:
         assert name in text, name
 
 
+@pytest.mark.system  # churn: a peer leaves, is killed or crashes (tests/tiers.py)
 def test_sigterm_drains_an_open_session_and_exits_0(swarm: Swarm, smollm2_path: Path) -> None:
     daemon = join(swarm, smollm2_path, "--blocks", "0:4", "--drain-grace", "20")
     try:
@@ -207,6 +209,7 @@ def test_sigterm_drains_an_open_session_and_exits_0(swarm: Swarm, smollm2_path: 
         daemon.kill()
 
 
+@pytest.mark.system  # churn: a peer leaves, is killed or crashes (tests/tiers.py)
 def test_a_killed_peer_disappears_within_the_ttl(swarm: Swarm, smollm2_path: Path) -> None:
     daemon = join(swarm, smollm2_path, "--num-blocks", "3")
     try:
@@ -220,6 +223,7 @@ def test_a_killed_peer_disappears_within_the_ttl(swarm: Swarm, smollm2_path: Pat
         daemon.kill()
 
 
+@pytest.mark.system  # churn: a peer leaves, is killed or crashes (tests/tiers.py)
 def test_ray_restarts_a_crashed_stage_actor_which_announces_again(swarm: Swarm, smollm2_path: Path) -> None:
     daemon = join(swarm, smollm2_path, "--blocks", "20:24")
     try:
