@@ -2,13 +2,13 @@
 a table of each tier's wall time and outcome. Every tier runs even when another failed (a broken unit test should
 not hide an integration failure); the exit status is the first failing tier's.
 
-Why side by side (docs/figures.md#the-test-suite): the two process-heavy tiers leave part of the 2 cores idle while
-daemons start and tests wait on them. On fresh clones they took 29 min 15 s and 30 min 54 s together against 32 min
-06 s and 32 min 42 s one after the other, and two whole suites side by side took 1.8x one suite's time: most of the
-suite is CPU-bound, so overlapping two runs gives back 5-9 %, not half. Within a tier, pytest-xdist did not
-pay on 2 cores (measured twice: the integration tier on 2 workers took as long as in one process), so each tier
-runs in one process; `SWARM_TEST_WORKERS=N` runs each on N workers (`--dist loadgroup`) on a machine with more
-cores, and `--one-by-one` runs the tiers one after another.
+Why side by side (docs/figures.md#the-test-suite): alone, each process-heavy tier keeps about half of the 2 cores
+busy (0.55 and 0.62, measured) while daemons start and tests wait on them; side by side the cores are ~90 % busy. The
+same tests cost about a quarter more CPU beside each other, so the overlap gives back 5-18 % (measured), not half.
+The churn tests run in the system tier, so that the two end close together (tests/tiers.py). Within a tier,
+pytest-xdist did not pay on 2 cores (measured twice: the integration tier on 2 workers took as long as in one
+process), so each tier runs in one process; `SWARM_TEST_WORKERS=N` runs each on N workers (`--dist loadgroup`) on a
+machine with more cores, and `--one-by-one` runs the tiers one after another.
 
 The first tier of a group prints as it goes; the others write to a log that is printed, whole, once the group ends
 (so CI's output never interleaves two runs). Tests that share a machine do not clash: ports are chosen free, and
