@@ -284,7 +284,10 @@ class Engine:
             self._closed, self.alive = True, False
         if not died:
             return
-        self.on_dead()  # first: a caller told below that the engine stopped then finds the peer OFFLINE, not ONLINE
+        try:  # first: a caller told below that the engine stopped then finds the peer OFFLINE, not ONLINE
+            self.on_dead()
+        except Exception:  # the server's switch; its failure must not leave the callers below waiting for ever
+            logger.exception("on_dead failed")
         error = PeerUnavailable("this peer's engine stopped after an internal error; try another peer")
         with self._cond:
             self._reject([self.scheduler.drop(session, error) for session in list(self.scheduler.sessions.values())])

@@ -6,7 +6,8 @@
 - `system`: network namespaces, chaos, convergence, fuzzing, churn, CUDA (SYSTEM_MODULES and tests/chaos,
   tests/cuda).
 
-A test may name its tier itself (`@pytest.mark.integration`): a unit module's one test that starts a process.
+A test may name its tier itself: `@pytest.mark.integration` on a unit module's one test that starts a process,
+`@pytest.mark.system` on the churn tests of tests/integration/peers/test_swarm_daemons.py.
 In the unit tier, starting a process or a gRPC server, or binding or connecting an internet socket, fails the test
 (TierViolation).
 
