@@ -8,13 +8,15 @@ Modules: errors.py (SwarmError and the gRPC status table), types.py (frozen reco
 (ClientConfig), prefix_keys.py (the keys of a prompt's prefixes, for the peers' prefix caches), channels.py (one
 gRPC channel per peer address), ray_cluster.py (start or attach to Ray), ray_reaper.py (a local Ray dies with its
 starter), progress.py (progress bars), _exit.py (a prompt exit), _grpc_fork.py (gRPC's fork handlers off, so a
-forked DHT node cannot abort), __main__.py (`python -m swarm`).
+forked DHT node cannot abort), _openmp_spin.py (a short OpenMP spin-wait, so processes sharing cores do not spin on
+each other's), __main__.py (`python -m swarm`).
 """
 
 from __future__ import annotations
 
 import swarm._exit  # (a prompt exit: see the module)
-import swarm._grpc_fork  # noqa: F401  (before anything imports gRPC: see the module)
+import swarm._grpc_fork  # (before anything imports gRPC: see the module)
+import swarm._openmp_spin  # noqa: F401  (before anything imports torch: see the module)
 from swarm.codec import CodecId, decode, encode
 from swarm.config import ClientConfig
 from swarm.errors import (

@@ -13,6 +13,7 @@ import psutil
 import pytest
 import torch
 
+from swarm._openmp_spin import SPIN_COUNT
 from tests.integration.daemons import Daemon
 
 NOT_STARTED = ("dashboard/dashboard.py", "autoscaler/_private/monitor.py", "log_monitor.py", "ray::IDLE")
@@ -30,7 +31,7 @@ def bootstrap() -> Iterator[str]:
 
 def peer_tree(bootstrap: str, smollm2_path: Path, *flags: str) -> tuple[list[str], dict[str, str]]:
     """Start a peer, wait until it serves, and return the command lines of its processes and the environment its
-    Ray head (gcs_server) runs with; the peer is stopped before returning."""
+    Ray head (gcs_server) runs with, plus its stage actor's GOMP_SPINCOUNT; the peer is stopped before returning."""
     peer = Daemon(
         "peer", "join", "--open", "--model", str(smollm2_path), "--blocks", "0:2", "--initial-peers", bootstrap, *flags
     )
@@ -42,7 +43,8 @@ def peer_tree(bootstrap: str, smollm2_path: Path, *flags: str) -> tuple[list[str
         processes = [root, *root.children(recursive=True)]
         commands = [" ".join(process.cmdline()) for process in processes]
         gcs = next(process for process in processes if "gcs_server" in process.name())
-        environment = gcs.environ()
+        stage = next(process for process in processes if "ray::StagePeer" in " ".join(process.cmdline()))
+        environment = gcs.environ() | {"stage's GOMP_SPINCOUNT": stage.environ().get("GOMP_SPINCOUNT", "")}
         assert peer.terminate(timeout_s=60) == 0
         _, alive = psutil.wait_procs(processes, timeout=15)
         assert not alive, [process.pid for process in alive]
@@ -56,6 +58,7 @@ def test_a_peer_starts_ray_without_dashboard_monitors_or_usage_stats(bootstrap: 
     assert not [command for command in commands if any(part in command for part in NOT_STARTED)], commands
     assert sum("ray::StagePeer" in command for command in commands) == 1, commands
     assert environment.get("RAY_USAGE_STATS_ENABLED") == "0"
+    assert environment["stage's GOMP_SPINCOUNT"] == SPIN_COUNT  # OpenMP's short spin reaches Ray's worker
 
 
 def test_ray_dashboard_flag_starts_the_dashboard(bootstrap: str, smollm2_path: Path) -> None:
