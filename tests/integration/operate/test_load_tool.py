@@ -23,19 +23,16 @@ REQUESTS, STREAMS = 8, 4
 
 
 def api_counters(base_url: str) -> dict[str, float]:
-    """The API's request counter for chat completions answered 200, and its count of first tokens timed."""
+    """The API's counts of chat completions answered 200 and answered otherwise, and of first tokens timed."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as answer:
         text = answer.read().decode()
-    counters = {"chat_200": 0.0, "first_tokens": 0.0}
+    counters = {"chat_200": 0.0, "chat_not_200": 0.0, "first_tokens": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "swarm_api_requests_total" and sample.labels == {
-                "route": "/v1/chat/completions",
-                "status": "200",
-            }:
-                counters["chat_200"] += sample.value
+            if sample.name == "swarm_api_requests_total" and sample.labels.get("route") == "/v1/chat/completions":
+                counters["chat_200" if sample.labels.get("status") == "200" else "chat_not_200"] += sample.value
             elif sample.name == "swarm_api_time_to_first_token_seconds_count":
                 counters["first_tokens"] += sample.value
     return counters
@@ -68,9 +65,13 @@ def test_guidellm_runs_a_short_benchmark_with_no_failed_request(
     (benchmark,) = json.loads((tmp_path / "out.json").read_text())["benchmarks"]
     made = benchmark["scheduler_metrics"]["requests_made"]
     assert made["errored"] == made["incomplete"] == 0 and made["successful"] == made["total"], made
-    # guidellm's max_requests constraint stops creating at REQUESTS, but once it stopped one queued request was
-    # never sent (7 made, 7 successful, none errored or incomplete; one CI run of many): what it sent is checked.
+    # guidellm's report is a snapshot of its scheduler's counts taken when it accumulated a finished request, and
+    # its max_requests constraint stops queuing at REQUESTS: two CI runs of many reported 7 of 8 (in the second the
+    # API had answered 8). The API's own counts are the truth: every request it was sent was answered 200, at least
+    # as many as guidellm reports and at most REQUESTS, and each had its first token timed.
     assert REQUESTS - STREAMS < made["total"] <= REQUESTS, made
     after = api_counters(running_api.base_url)
-    assert after["chat_200"] - before["chat_200"] == made["total"]
-    assert after["first_tokens"] - before["first_tokens"] == made["total"]
+    answered = after["chat_200"] - before["chat_200"]
+    assert after["chat_not_200"] == before["chat_not_200"], (before, after)
+    assert made["total"] <= answered <= REQUESTS, (made, before, after)
+    assert after["first_tokens"] - before["first_tokens"] == answered
