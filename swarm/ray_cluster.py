@@ -31,10 +31,12 @@ def connect_ray(address: str | None, *, lean: bool = False, dashboard: bool = Fa
     An address on loopback (the `ray address:` that `swarm up` prints) is dialled as given (_keep_ray_on_loopback);
     one that nothing answers is a SwarmError naming it within CLIENT_CONNECT_TIMEOUT_S.
 
-    A local Ray has no dashboard unless `dashboard`. A `lean` one (a peer's: nothing but its stage actors runs there)
-    also starts neither Ray's API server (`ray job submit`, the state API), nor the autoscaler's monitor, nor the log
-    monitor (logs stay in Ray's session directory), nor idle workers ahead of need: 4 processes and about 200 MiB
-    less, and a start about 3 s shorter on this machine (benchmarks/peer_footprint.py). Ray 2.60 has no way to run a
+    A local Ray has no dashboard unless `dashboard`, and never the autoscaler's monitor (a local Ray never scales), the
+    log monitor (it forwards workers' output to drivers, and every driver of ours has log_to_driver off: logs stay in
+    Ray's session directory) or idle workers ahead of need (each actor starts its own). A `lean` one (a peer's:
+    nothing but its stage actors runs there) also starts no API server (`ray job submit`, the state API), which a
+    `swarm up` keeps for the drivers that attach to it. Lean: 4 processes and about 200 MiB less than Ray's default
+    head, and a start about 3 s shorter on this machine (benchmarks/peer_footprint.py). Ray 2.60 has no way to run a
     node without its dashboard agent and runtime-env agent: the raylet refuses an empty command for either.
     """
     if address is None or is_loopback_gcs_address(address):
@@ -59,12 +61,9 @@ def connect_ray(address: str | None, *, lean: bool = False, dashboard: bool = Fa
             return
         os.environ[TAG_VARIABLE] = start_reaper()  # inherited by Ray's processes, and by theirs
         try:
-            if lean and not dashboard:
-                head = _start_lean_head()
-                atexit.register(_stop_lean_head, head)  # registered after Ray's own handler: runs before it
-                ray.init(address=head.address, _node_ip_address=LOOPBACK, **common)
-            else:
-                ray.init(_node_ip_address=LOOPBACK, include_dashboard=dashboard, **common)
+            _stop_heads()  # one this process started before and has shut down since: as ray.shutdown() would
+            _heads.append(_start_head(api_server=dashboard or not lean, dashboard=dashboard))
+            ray.init(address=_heads[-1].address, _node_ip_address=LOOPBACK, **common)
         finally:
             del os.environ[TAG_VARIABLE]  # what this process starts later (the DHT node) dies with it on its own
 
@@ -170,9 +169,10 @@ def _keep_ray_on_loopback() -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
-def _start_lean_head() -> Any:
-    """A Ray head node on 127.0.0.1 with only what runs actors: gcs_server, raylet and its two agents. It is stopped
-    when this process exits (_stop_lean_head); swarm/ray_reaper.py covers a SIGKILL."""
+def _start_head(*, api_server: bool, dashboard: bool) -> Any:
+    """A Ray head node on 127.0.0.1 with what runs actors: gcs_server, raylet and its two agents, and the API server
+    (with the dashboard's pages when `dashboard`) when `api_server`. It is stopped when this process exits
+    (_stop_heads); swarm/ray_reaper.py covers a SIGKILL."""
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
@@ -182,21 +182,29 @@ def _start_lean_head() -> Any:
 
     params = RayParams(
         node_ip_address=LOOPBACK,
-        include_dashboard=False,
+        include_dashboard=dashboard,
         no_monitor=True,  # the autoscaler's: a local Ray never scales
         include_log_monitor=False,  # it only forwards workers' output to drivers, and log_to_driver is off
         _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
     )
-    return LeanNode(params, head=True, shutdown_at_exit=False, spawn_reaper=False)
+    return (Node if api_server else LeanNode)(params, head=True, shutdown_at_exit=False, spawn_reaper=False)
 
 
-def _stop_lean_head(head: Any) -> None:
-    """Disconnect this driver, then stop the node's processes: in the other order the driver's shutdown waits about
-    5 s for the GCS it can no longer reach (measured: Ctrl-C took 6.5 s to exit instead of under 1 s)."""
+def _stop_heads() -> None:
+    """Disconnect this driver, then stop the processes of the heads it started: in the other order the driver's
+    shutdown waits about 5 s for the GCS it can no longer reach (measured: Ctrl-C took 6.5 s to exit instead of under
+    1 s). At exit it runs after Ray's own handler (registered later, when Ray is imported), which disconnects first."""
+    if not _heads:
+        return
     import ray
 
     ray.shutdown()
-    head.kill_all_processes(check_alive=False, allow_graceful=True)
+    while _heads:
+        _heads.pop().kill_all_processes(check_alive=False, allow_graceful=True)
+
+
+_heads: list[Any] = []  # the local Ray heads this process started and has not stopped (one at a time)
+atexit.register(_stop_heads)
 
 
 @contextlib.contextmanager

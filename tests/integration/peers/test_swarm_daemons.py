@@ -5,6 +5,7 @@ system tier (tests/tiers.py), which runs beside the integration tier with a shar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 import torch
 
@@ -79,6 +81,18 @@ def test_status_shows_peers_spans_states_and_coverage(swarm: Swarm) -> None:
     assert "[0, 15)" in section and "[15, 30)" in section
     assert section.count(" ONLINE ") == 2, result.stdout
     assert "coverage: all 30 blocks served" in section
+
+
+def test_swarm_ups_ray_keeps_its_api_server_and_runs_no_monitor(running_swarm: RunningSwarm) -> None:
+    """`swarm up`'s own Ray (swarm/ray_cluster.py) keeps the API server that `ray job submit` and the state API use,
+    and starts neither the autoscaler's monitor (a local Ray never scales) nor the log monitor (no driver of ours
+    takes workers' output)."""
+    commands = []
+    for process in psutil.Process(running_swarm.daemon.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            commands.append(" ".join(process.cmdline()))
+    assert [command for command in commands if "dashboard/dashboard.py" in command], commands
+    assert not [command for command in commands if "monitor.py" in command], commands  # monitor.py, log_monitor.py
 
 
 def test_generate_streams_the_same_text_as_hugging_face(swarm: Swarm, smollm2_path: Path) -> None:
