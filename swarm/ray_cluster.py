@@ -193,7 +193,7 @@ def _start_head(*, api_server: bool, dashboard: bool) -> Any:
 def _stop_heads() -> None:
     """Disconnect this driver, then stop the processes of the heads it started: in the other order the driver's
     shutdown waits about 5 s for the GCS it can no longer reach (measured: Ctrl-C took 6.5 s to exit instead of under
-    1 s). At exit it runs after Ray's own handler (registered later, when Ray is imported), which disconnects first."""
+    1 s). At exit, whichever of it and Ray's own handler runs first, the driver disconnects before the kill."""
     if not _heads:
         return
     import ray
