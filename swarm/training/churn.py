@@ -1,5 +1,6 @@
-"""Preemption on a schedule for a training job: every period, SIGKILL one replica of each stage (Ray restarts it
-as a fresh process that rejoins and downloads the stage's state), and watch the stages' step counters meanwhile.
+"""Preemption on a schedule for a training job: every period (or at given steps of the run), SIGKILL one replica of
+each stage (Ray restarts it as a fresh process that rejoins and downloads the stage's state), and watch the stages'
+step counters meanwhile.
 A stage whose replicas are not all serving is spared until they are: killing its last live replica would lose the
 state that was not checkpointed, which is the all-replicas-died case (resume from checkpoints), not churn.
 
@@ -47,6 +48,9 @@ class ReplicaChurn:
     seed: int = 0
     max_kills: int | None = None  # stop killing once this many replicas were killed (None: until stop())
     first_after_s: float | None = None  # the first kills this long after start() (None: one period)
+    # Kill at these steps of each stage instead of every period: the kills land at the same points of the run on a
+    # fast machine and on a loaded one (periods drawn from another run's time did not)
+    at_steps: tuple[int, ...] = ()
     kills: int = 0
     last_kill_at: float | None = None  # time.monotonic() of the latest kill
     skipped: int = 0  # tries at a stage due a kill while one of its replicas was still restarting
@@ -122,10 +126,16 @@ class ReplicaChurn:
         return problems
 
     def _kill_loop(self) -> None:
+        chooser = random.Random(self.seed)
+        if self.at_steps:
+            self._kill_at_steps(chooser)
+        else:
+            self._kill_every_period(chooser)
+
+    def _kill_every_period(self, chooser: random.Random) -> None:
         """Each stage is due a kill every period; a stage that is due while one of its replicas is still
         restarting is tried again every RETRY_S, not a whole period later (a restart takes 10-20 s under load:
         waiting a period would leave a short job with one kill fewer on that stage)."""
-        chooser = random.Random(self.seed)
         first = self.period_s if self.first_after_s is None else self.first_after_s
         due = {span: time.monotonic() + first for span in self.job.stages}
         while not self._stop.wait(max(min(due.values()) - time.monotonic(), 0.0)):
@@ -135,6 +145,26 @@ class ReplicaChurn:
                 if due[span] <= time.monotonic():
                     killed = self._kill_one(span, actors, chooser)
                     due[span] = time.monotonic() + (self.period_s if killed else RETRY_S)
+
+    def _kill_at_steps(self, chooser: random.Random) -> None:
+        """A stage loses a replica once its step reaches each of `at_steps` in turn; while one of its replicas is
+        still restarting, it is tried again at the next watch."""
+        passed = dict.fromkeys(self.job.stages, 0)  # how many of at_steps each stage had its kill at
+        while not self._stop.wait(WATCH_PERIOD_S):
+            for span, actors in self.job.stages.items():
+                if self.done_killing:
+                    return
+                due = passed[span] < len(self.at_steps) and self.stage_step(span) >= self.at_steps[passed[span]]
+                if due and self._kill_one(span, actors, chooser):
+                    passed[span] += 1
+            if all(count == len(self.at_steps) for count in passed.values()):
+                return
+
+    def stage_step(self, span: tuple[int, int]) -> int:
+        """The highest step a replica of the stage reported at the latest sweep that saw any (0: none yet)."""
+        stage = f"{span[0]}-{span[1]}"
+        latest = next((sweep for sweep in reversed(self.sweeps) if sweep.stage == stage and sweep.steps), None)
+        return max(latest.steps.values()) if latest is not None else 0
 
     def _kill_one(self, span: tuple[int, int], actors: list[Any], chooser: random.Random) -> bool:
         """SIGKILL a random replica of the stage, if every replica serves (never the last one holding the stage's

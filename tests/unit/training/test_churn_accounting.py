@@ -1,5 +1,5 @@
 """ReplicaChurn's bookkeeping (swarm/training/churn.py): how long each kill's stage took to have all of its
-replicas serving again, and stopping the kills while the watch goes on."""
+replicas serving again, stopping the kills while the watch goes on, and the step that kills at steps follow."""
 
 from __future__ import annotations
 
@@ -25,3 +25,15 @@ def test_stop_killing_spends_the_kill_budget() -> None:
     assert not churn.done_killing
     churn.stop_killing()
     assert churn.done_killing and churn.max_kills == 3
+
+
+def test_a_stages_step_is_the_highest_its_replicas_reported_at_the_latest_sweep_that_saw_any() -> None:
+    churn = ReplicaChurn(job=None, period_s=20.0, at_steps=(2, 8))
+    assert churn.stage_step((0, 4)) == 0  # no sweep yet
+    churn.sweeps += [
+        Sweep(10.0, "0-4", {"a": 2, "b": 3}, 2),
+        Sweep(11.0, "4-8", {"c": 7}, 2),
+        Sweep(12.0, "0-4", {}, 2),  # every replica restarting or busy: the last step seen holds
+    ]
+    assert churn.stage_step((0, 4)) == 3
+    assert churn.stage_step((4, 8)) == 7
