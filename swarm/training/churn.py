@@ -75,6 +75,14 @@ class ReplicaChurn:
         """No more kills; the watch goes on (until stop()), so that rejoin_seconds() can see the last ones back."""
         self.max_kills = self.kills
 
+    def wait_kills(self, timeout_s: float) -> bool:
+        """Wait until the kills are over (the kill budget or `at_steps` spent), at most `timeout_s`; True if they
+        are. A kill due at a step the run passed while a replica was still restarting comes once it serves again."""
+        killer = next((thread for thread in self._threads if thread.name == "churn-kill"), None)
+        if killer is not None:
+            killer.join(timeout_s)
+        return killer is not None and not killer.is_alive()
+
     @property
     def done_killing(self) -> bool:
         """The kill budget is spent: the job runs on undisturbed (and is still watched) until it ends."""

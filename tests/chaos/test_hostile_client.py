@@ -33,6 +33,7 @@ NEW_TOKENS = 10
 VOCAB = 128
 WIDE = 1024  # rows of the hostile client's sessions
 HALVES = ((0, 2), (2, 4))
+MIN_ACTS = 20  # hostile acts while every honest generation is open
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,14 @@ def peers() -> Iterator[list[PeerServer]]:
         server.stop()
 
 
-def generate(servers: list[PeerServer], embed: torch.Tensor, prompt: torch.Tensor) -> list[int]:
-    """Greedy tokens through both peers with the client library's InferenceSession (push, failover, replay)."""
+def generate(
+    servers: list[PeerServer],
+    embed: torch.Tensor,
+    prompt: torch.Tensor,
+    before_last_step: threading.Event | None = None,
+) -> list[int]:
+    """Greedy tokens through both peers with the client library's InferenceSession (push, failover, replay); with
+    `before_last_step`, the session waits (at most a minute) for it to be set before its last step."""
     infos = [peer_info(server) for server in servers]
     tokens: list[int] = []
     with InferenceSession(
@@ -62,7 +69,9 @@ def generate(servers: list[PeerServer], embed: torch.Tensor, prompt: torch.Tenso
         step_timeout_s=60, max_failovers=4, credentials=OPEN,
     ) as session:  # fmt: skip
         feed = prompt
-        for _ in range(NEW_TOKENS):
+        for index in range(NEW_TOKENS):
+            if before_last_step is not None and index == NEW_TOKENS - 1:
+                before_last_step.wait(60)
             hidden = session.step(embed[feed].unsqueeze(0))
             feed = (hidden[0, -1] @ embed.T).argmax().reshape(1)
             tokens.append(int(feed))
@@ -123,10 +132,12 @@ def test_a_hostile_client_changes_no_honest_generation_and_leaves_the_peers_whol
     prompts = [torch.randint(0, VOCAB, (4 + i % 5,), generator=generator) for i in range(GENERATIONS)]
     alone = [generate(peers, embed, prompt) for prompt in prompts]
     together: list[object] = [None] * GENERATIONS
+    # Every generation is still open when the 20th hostile act has run, on a fast machine too: its last step waits
+    enough_acts = threading.Event()
 
     def honest(index: int) -> None:
         try:
-            together[index] = generate(peers, embed, prompts[index])
+            together[index] = generate(peers, embed, prompts[index], enough_acts)
         except Exception as error:  # reported by the assertion below
             together[index] = error
 
@@ -138,10 +149,12 @@ def test_a_hostile_client_changes_no_honest_generation_and_leaves_the_peers_whol
         server_index = rng.randrange(2)
         hostile_act(peers[server_index], HALVES[server_index], rng, acts)
         acts += 1
+        if acts >= MIN_ACTS:
+            enough_acts.set()
     for thread in threads:
         thread.join(60)
     assert together == alone, [i for i in range(GENERATIONS) if together[i] != alone[i]]
-    assert acts >= 20, f"only {acts} hostile acts ran during the generations"
+    assert acts >= MIN_ACTS, f"only {acts} hostile acts ran during the generations"
     deadline = time.monotonic() + 10
     while any(s.engine.open_sessions or s.pool.pages_free != s.pool.pages_total for s in peers):
         assert time.monotonic() < deadline, [(s.engine.open_sessions, s.pool.pages_used) for s in peers]

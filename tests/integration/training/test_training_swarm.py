@@ -109,6 +109,7 @@ def test_training_survives_a_replica_of_each_stage_killed_in_two_periods(swarm_r
         job.start()
         churn = ReplicaChurn(job, period_s=math.inf, max_kills=CHURN_KILLS, at_steps=KILL_AT_STEPS).start()
         progress = job.wait()
+        churn.wait_kills(REJOIN_TIMEOUT_S)  # a stage whose replica was still restarting at step 8 has its kill late
         rejoined = churn.wait_rejoined(REJOIN_TIMEOUT_S)  # the last kills' replacements, even near the end
         churn.stop()
         idle_boots = [info["idle_boot_s"] for infos in job.stage_infos().values() for info in infos]
