@@ -10,6 +10,7 @@ import itertools
 import os
 import random
 import signal
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from swarm import CodecId, DistributedModelForCausalLM
+from swarm.client.pace import LATE_FACTOR, LATE_FLOOR_S
 from swarm.registry import Registry
 from swarm.security import SwarmCredentials
 from swarm.types import PeerState
@@ -34,8 +36,12 @@ NEW_TOKENS = 12
 TRIALS = 3  # per kind of failure: each trial strikes a random peer at a random step (was 6; the suite's time)
 DRAIN_TRIALS = 2  # each SIGTERM trial waits for a fresh peer to load its blocks and join (~25 s): kept bounded
 FROZEN_STALL_S = 2.0  # the longest a frozen peer may hold up a token; waiting out the step timeout takes > 10 s
-# On a loaded machine the bound stretches with the measured slowdown (tests/machine_pace.py), never so far that
-# waiting out the step timeout would pass.
+# On a loaded machine the bound stretches with the measured slowdown (tests/machine_pace.py), or with the session's
+# own pace before the strike, whichever is longer (the slowdown is sampled after the stall and can miss a burst of
+# load that the stall met): a hop is given up LATE_FACTOR times its pace late (a token's wait is at least a hop's),
+# LATE_FLOOR_S at least, and the replay takes up to REPLAY_PACES tokens' time. Never so far that waiting out the
+# step timeout would pass.
+REPLAY_PACES = 2.0
 FROZEN_STALL_MAX_S = 8.0
 PROMPT = "The ferry crossed the river every morning, and"
 SLOTS = {"a": "0:15", "b": "0:15", "c": "15:30", "d": "15:30"}
@@ -146,6 +152,12 @@ class Trigger:
             self.struck = self.rng.choice(self.model.active_session.session.route).peer_id
             self.strike(self.struck)
 
+    def pace_s(self) -> float:
+        """The median wait for a token before the strike, after the first (its wait includes the prompt's prefill)
+        unless the strike came right after it."""
+        before = self.times[1 : self.step + 1] if self.step >= 2 else self.times[: self.step + 1]
+        return statistics.median(b - a for a, b in itertools.pairwise(before))
+
     def stall_s(self) -> float:
         """The longest wait for a token after the strike."""
         after = self.times[self.step :]
@@ -157,9 +169,10 @@ class Trigger:
 
 def run_trials(
     model, cluster: Cluster, prompt_and_expected, strike, recover, must_fail_over: bool = True, trials: int = TRIALS
-) -> list[tuple[float, float]]:
+) -> list[tuple[float, float, float]]:
     """Strike at a random step of each trial; returns each trial's longest wait for a token after the strike, with
-    how loaded the machine was right after it (machine_pace.slowdown: a bound on that wait holds scaled by it)."""
+    how loaded the machine was right after it (machine_pace.slowdown: a bound on that wait holds scaled by it) and
+    the session's pace before it (Trigger.pace_s)."""
     input_ids, expected = prompt_and_expected
     rng = random.Random(1234)
     stalls = []
@@ -171,11 +184,17 @@ def run_trials(
         assert trigger.struck is not None, f"trial {trial}: nothing was struck"
         assert torch.equal(output, expected), f"trial {trial}: striking {trigger.struck} changed the output"
         assert failovers >= 1 or not must_fail_over, f"trial {trial}: the session never moved off {trigger.struck}"
-        stalls.append((trigger.stall_s(), slowdown()))
+        stalls.append((trigger.stall_s(), slowdown(), trigger.pace_s()))
         recover(cluster.slot_of(trigger.struck))
         cluster.wait_all_online()
         _until_avoided_no_more(model, trigger.struck)
     return stalls
+
+
+def frozen_stall_bound_s(pace_s: float) -> float:
+    """How long a frozen peer may hold up a session whose tokens came every `pace_s` before: the client's lateness
+    rule (swarm/client/pace.py) and then the replay."""
+    return max(LATE_FLOOR_S, LATE_FACTOR * pace_s) + REPLAY_PACES * pace_s
 
 
 def _until_avoided_no_more(model, peer_id: str, timeout_s: float = 30.0) -> None:
@@ -216,8 +235,10 @@ def test_a_peer_that_stops_answering_at_a_random_step(model, cluster, prompt_and
     def recover(slot: str) -> None:
         os.kill(cluster.peers[slot].actor_pid, signal.SIGCONT)
 
-    trials = [(stall, min(FROZEN_STALL_S * pace, FROZEN_STALL_MAX_S)) for stall, pace in
-              run_trials(model, cluster, prompt_and_expected, strike, recover)]  # fmt: skip
+    trials = [
+        (stall, min(max(FROZEN_STALL_S * slowdown, frozen_stall_bound_s(pace)), FROZEN_STALL_MAX_S))
+        for stall, slowdown, pace in run_trials(model, cluster, prompt_and_expected, strike, recover)
+    ]
     report = [f"{stall:.2f} s (bound {bound:.2f} s)" for stall, bound in trials]
     print(f"longest wait for a token after freezing a peer, per trial: {report}")
     assert all(stall < bound for stall, bound in trials), f"stalls after freezing a peer: {report}"
