@@ -24,6 +24,16 @@ from swarm.types import Span
 logger = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Torch threads of a peer started without --threads; unset: one per core. Ray sets OMP_NUM_THREADS to an actor's
+# CPUs (1), so that variable cannot say it. For several processes computing on the same few cores (the test suite's
+# two tiers side by side): OpenMP's threads wait for each other at every parallel region, and one of them preempted
+# stalls the rest (a training run of 13 s alone took 163 s on 2 threads beside 3 busy processes, 27 s on 1).
+THREADS_VARIABLE = "SWARM_TORCH_THREADS"
+
+
+def default_threads() -> int:
+    """Torch threads for a peer whose --threads is 0: THREADS_VARIABLE's, or one per core."""
+    return int(os.environ.get(THREADS_VARIABLE) or 0) or os.cpu_count() or 1
 
 
 def resolve_dtype(name: str, device: str, has_bf16: bool | None = None) -> torch.dtype:
@@ -46,7 +56,7 @@ class StagePeer:
     def __init__(self, config: PeerConfig, peer_id: str, span: Span) -> None:
         self.config, self.peer_id, self.span = config, peer_id, span
         self._stopped = False
-        torch.set_num_threads(config.threads or os.cpu_count() or 1)
+        torch.set_num_threads(config.threads or default_threads())
         dtype = resolve_dtype(config.dtype, config.device)
         started = time.monotonic()
         blocks = load_span(config.model_path, span.start, span.end, dtype, config.device, quant=config.quant)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,14 @@ from pathlib import Path
 import pytest
 
 import swarm._grpc_fork  # noqa: F401
+from peers.actor import THREADS_VARIABLE
+
+# tests/run_tiers.py runs two tiers side by side on the same cores: then this process computes with the threads it
+# says, as the peers it starts do (peers/actor.py THREADS_VARIABLE)
+if os.environ.get(THREADS_VARIABLE):
+    import torch
+
+    torch.set_num_threads(int(os.environ[THREADS_VARIABLE]))
 
 
 class _LoggerSnapshots(dict):
