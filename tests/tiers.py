@@ -7,7 +7,8 @@
   tests/cuda).
 
 A test may name its tier itself: `@pytest.mark.integration` on a unit module's one test that starts a process,
-`@pytest.mark.system` on the churn tests of tests/integration/peers/test_swarm_daemons.py.
+`@pytest.mark.system` on the churn tests of tests/integration/peers/test_swarm_daemons.py and on the LoRA
+convergence test of tests/integration/peers/test_finetune_lora.py (its module's SmolLM2 peers serve no other test).
 In the unit tier, starting a process or a gRPC server, or binding or connecting an internet socket, fails the test
 (TierViolation).
 

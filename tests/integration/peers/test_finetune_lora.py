@@ -274,6 +274,7 @@ def greedy_exact_match(model, tokenizer, examples) -> float:
     return hits / len(examples)
 
 
+@pytest.mark.system  # convergence (tests/tiers.py): it runs beside the integration tier, which is the longer one
 @pytest.mark.timeout(300)  # about 60-90 s on the loaded 2-core machine
 def test_lora_through_the_swarm_teaches_the_task_greedy_answers(bare_smollm2, smollm2_path, tmp_path) -> None:
     """The issue's must-show: after LoRA fine-tuning through the swarm, greedy answers with the adapter (the peft
