@@ -71,7 +71,7 @@ def groups(chosen: list[TierRun], one_by_one: bool) -> list[list[TierRun]]:
 def tier_environment(group: list[TierRun]) -> dict[str, str]:
     """The tiers' environment: tiers side by side compute with one torch thread per process (the test processes and
     the peers they start), unless THREADS_VARIABLE says otherwise. Two threads per process on 2 shared cores wait for
-    each other at every parallel region: a reference training took 157 s on CI beside the other tier, 13 s alone."""
+    each other at every parallel region: a reference training took 136-157 s beside the other tier, 13 s alone."""
     environment = dict(os.environ)
     if len(group) > 1:
         environment.setdefault(THREADS_VARIABLE, "1")
