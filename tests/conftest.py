@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import swarm._grpc_fork  # noqa: F401
-from peers.actor import THREADS_VARIABLE
+from tests.run_tiers import THREADS_VARIABLE  # the standard library only: no torch or peers at collection
 
 # tests/run_tiers.py runs two tiers side by side on the same cores: then this process computes with the threads it
-# says, as the peers it starts do (peers/actor.py THREADS_VARIABLE)
+# says, as the peers it starts do (peers/actor.py default_threads)
 if os.environ.get(THREADS_VARIABLE):
     import torch
 

@@ -21,7 +21,7 @@ pytestmark = [
 ]
 
 # The sink times the transfer from its first byte to the sender's close: neither Python's start in the sender's
-# namespace nor the relay's first wake-up is in it (measured from the sender's start, a loaded machine read 15 Mbit)
+# namespace nor the relay's first wake-up is in it (timed from the sender's start, a loaded machine's start counted)
 SINK = """import socket, sys, time
 c, _ = socket.create_server((sys.argv[1], 5001)).accept()
 c.recv(65536)

@@ -35,7 +35,7 @@ KILL_AT_STEPS = (2, 8)
 CHURN_KILLS = len(KILL_AT_STEPS) * len(STAGES)  # each kill costs a restart and a state download, and the claim
 # (a killed replica is replaced, nothing is lost, the loss holds) needs no more of them
 # Replicas boot at idle priority for 3 s, not the default 10: the boot still yields to the survivors first, and the
-# killed replicas are back in time for the second period of kills (with 10 s, not before the run ended).
+# killed replicas are back in time for the second round of kills (with 10 s, not before the run ended).
 BOOT_IDLE_S = 3.0
 REJOIN_TIMEOUT_S = 180.0  # under a load average of 20-30 a killed replica was not back 40 s after its kill
 
