@@ -66,9 +66,11 @@ _SHM_BEFORE_SESSION: set[str] = set()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from tests import fixture_lifetimes
     from tests.tiers import Tiers
 
     config.pluginmanager.register(Tiers(), "swarm-tiers")
+    fixture_lifetimes.register(config)
     _take_ctrl_c_back()
 
 
