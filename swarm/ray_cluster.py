@@ -190,6 +190,16 @@ def _start_head(*, api_server: bool, dashboard: bool) -> Any:
     return (Node if api_server else LeanNode)(params, head=True, shutdown_at_exit=False, spawn_reaper=False)
 
 
+def disconnect_ray() -> None:
+    """What `ray.shutdown()` is to `ray.init()`, for connect_ray: disconnect this driver and stop the local head it
+    started, if any. ray.shutdown() alone leaves that head (started by _start_head, not by ray.init) running idle
+    until this process exits."""
+    import ray
+
+    ray.shutdown()
+    _stop_heads()
+
+
 def _stop_heads() -> None:
     """Disconnect this driver, then stop the processes of the heads it started: in the other order the driver's
     shutdown waits about 5 s for the GCS it can no longer reach (measured: Ctrl-C took 6.5 s to exit instead of under

@@ -48,11 +48,10 @@ def make_config(tiny_llama: Path):
 
 @pytest.fixture(scope="session")
 def local_ray():
-    """One local Ray (127.0.0.1 only) for every training test that runs actors; shut down at the end."""
-    import ray
-
-    from swarm.ray_cluster import connect_ray
+    """One local Ray (127.0.0.1 only) for every training test that runs actors; stopped after the last of them
+    (tests/fixture_lifetimes.py)."""
+    from swarm.ray_cluster import connect_ray, disconnect_ray
 
     connect_ray(None)
     yield
-    ray.shutdown()
+    disconnect_ray()

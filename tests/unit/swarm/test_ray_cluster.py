@@ -6,6 +6,8 @@ tests/integration/cluster/test_netns_api.py runs the whole of it on a machine wh
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -17,6 +19,8 @@ from swarm.ray_cluster import (
     check_gcs_address,
     is_loopback_gcs_address,
 )
+
+HEAD_PROCESSES = ("gcs_server", "raylet")  # what a local head runs, whatever else it starts
 
 
 def test_an_unreachable_ray_client_address_fails_at_once_and_says_what_to_check() -> None:
@@ -88,3 +92,24 @@ def test_loopback_stays_loopback_when_ray_was_imported_first(monkeypatch: pytest
     _keep_ray_on_loopback()
     assert services.canonicalize_bootstrap_address("127.0.0.1:6379") == "127.0.0.1:6379"
     assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
+
+
+DISCONNECT = """
+import psutil
+from swarm.ray_cluster import connect_ray, disconnect_ray
+connect_ray(None)
+started = [process for process in psutil.Process().children(recursive=True) if process.name() in HEAD_PROCESSES]
+disconnect_ray()
+_, alive = psutil.wait_procs(started, timeout=20)
+print(len(started), len(alive))
+"""
+
+
+def test_disconnect_ray_stops_the_local_head_that_ray_shutdown_leaves() -> None:
+    """connect_ray(None) starts its own head (not ray.init's), so ray.shutdown() alone would leave it idle until the
+    process exits; a test fixture or a program that is done with Ray calls disconnect_ray()."""
+    script = f"HEAD_PROCESSES = {HEAD_PROCESSES!r}\n" + DISCONNECT
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    started, alive = map(int, run.stdout.split())
+    assert started >= 2 and alive == 0  # gcs_server and raylet at least
