@@ -5,8 +5,9 @@ timing every token as it arrives. Started by `python -m benchmarks.wan` and by t
         --prompt-ids 504,3458,5951 --max-new-tokens 64 --codec NONE --dht-host 10.77.0.10
 
 Prints "route HOST:PORT,..." with the first token and "token INDEX ID" as each token comes (so that a test can act
-mid-generation), then one JSON line: {"tokens", "ttft_ms", "step_ms", "tokens_per_s", "route", "hop_modes"}
-(route: the last; a mode per hop: direct, relayed or punched).
+mid-generation), then one JSON line: {"tokens", "ttft_ms", "step_ms", "tokens_per_s", "route", "hop_modes",
+"failovers"} (route: the last; a mode per hop: direct, relayed or punched; failovers: hops the session replaced after
+a failure, so that a test that kills a host mid-generation can tell a failover from a generation that ended first).
 """
 
 from __future__ import annotations
@@ -90,9 +91,9 @@ def generate(ns: argparse.Namespace) -> dict:
         with model.inference_session(max_length=max_length) as session:
             clock = TokenClock(start, session)
             model.generate(prompt, max_new_tokens=ns.max_new_tokens, eos_token_id=[], streamer=clock, session=session)
-            final_route = route_line(session).split()[1]
+            final_route, failovers = route_line(session).split()[1], session.session.failovers
         modes = [hop_mode(model, address) for address in final_route.split(",")]
-        return {**clock.summary(), "codec": ns.codec, "route": final_route, "hop_modes": modes}
+        return {**clock.summary(), "codec": ns.codec, "route": final_route, "hop_modes": modes, "failovers": failovers}
     finally:
         model.close()
 

@@ -54,6 +54,7 @@ def test_the_relay_killed_mid_generation_costs_a_failover_not_the_tokens(swarm: 
     result = result_of(client)
     assert result["tokens"] == local_greedy(smollm2_path)
     assert relayed_hops(result["route"]) == [False, True]
+    assert result["failovers"] >= 1  # the relay died under the session's hop, not after the generation ended
     moved = swarm.peers["home"].wait_for(r"relay slot \S+ gone: now (\S+)", 30).group(1)
     assert swarm.host_at(relay_of(moved)) not in (relay, "home")  # announced through the relay left
 
