@@ -46,12 +46,16 @@ class NatSwarm:
         self.peers[host] = Command(net, host, ["-m", "swarm", "peer", "join", *flags])
         return self.peers[host]
 
-    def start_client(self, prompt_ids: Sequence[int], new_tokens: int, warmup: bool = False) -> Command:
-        """benchmarks/wan_client.py's greedy generation from host "client" (it prints each token as it comes)."""
+    def start_client(
+        self, prompt_ids: Sequence[int], new_tokens: int, warmup: bool = False, pause: tuple[int, Path] | None = None
+    ) -> Command:
+        """benchmarks/wan_client.py's greedy generation from host "client" (it prints each token as it comes); with
+        `pause` (token, resume file) it holds after that token until the file exists."""
         args = ["-m", "benchmarks.wan_client", "--model", str(self.model), "--initial-peers", self.initial_peers]
         args += ["--prompt-ids", ",".join(map(str, prompt_ids)), "--max-new-tokens", str(new_tokens)]
         args += ["--codec", "NONE", "--dht-host", self.net.address("client"), "--warmup" if warmup else "--no-warmup"]
         args += ["--credentials", str(self.credentials)] if self.credentials else []
+        args += ["--pause-after-token", str(pause[0]), "--resume-file", str(pause[1])] if pause else []
         return Command(self.net, "client", args)
 
     @property

@@ -194,7 +194,14 @@ def local_address(dht: Any, address: str) -> str:
 
 def peer_mode(dht: Any, address: str) -> str:
     """How this node is connected to the peer at tunnel `address` now: "direct", "relayed" or "" (not at all)."""
-    return dht.run_coroutine(functools.partial(_peer_mode, tunnel_peer(address)))
+    return connection_mode(peer_connections(dht, address))
+
+
+def peer_connections(dht: Any, address: str) -> list[str]:
+    """The remote addresses of this node's connections to the peer at tunnel `address` now; one through a relay is
+    that relay's circuit address (relay_of reads it), which need not be the relay `address` names: libp2p reuses
+    whatever connection to the peer it has."""
+    return dht.run_coroutine(functools.partial(_peer_connections, tunnel_peer(address)))
 
 
 async def _bridge(address: str, dht: Any, node: Any) -> int:
@@ -278,8 +285,8 @@ async def _direct_within(p2p: Any, peer: str, seconds: float) -> None:
         await asyncio.sleep(POLL_S)
 
 
-async def _peer_mode(peer: str, dht: Any, node: Any) -> str:
-    return connection_mode(await _connections(node.p2p, peer))
+async def _peer_connections(peer: str, dht: Any, node: Any) -> list[str]:
+    return await _connections(node.p2p, peer)
 
 
 # ---- both ----

@@ -8,6 +8,7 @@ nor dial the relayed peer through it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,13 +75,20 @@ def test_another_swarms_member_cannot_use_the_relay(swarm: NatSwarm, keys_root: 
     assert lines and all(line in (grpc.StatusCode.UNAVAILABLE.name, "UNAUTHENTICATED") for line in lines), lines
 
 
-def test_the_member_relay_killed_mid_generation_costs_a_failover(swarm: NatSwarm, smollm2_path: Path) -> None:
-    client = swarm.start_client(PROMPT_IDS, NEW_TOKENS)
-    route = client.wait_for(r"^route (\S+)", 180).group(1).split(",")
-    relay = swarm.host_at(relay_of(route[1]))
+def test_the_member_relay_killed_mid_generation_costs_a_failover(
+    swarm: NatSwarm, smollm2_path: Path, tmp_path: Path
+) -> None:
+    resume = tmp_path / "resume"
+    client = swarm.start_client(PROMPT_IDS, NEW_TOKENS, pause=(KILL_AT_TOKEN, resume))
+    client.wait_for(r"^route (\S+)", 180)
+    # The client holds after token KILL_AT_TOKEN, so the kill lands mid-generation, and names the relay its
+    # connection to the peer really goes through (libp2p may reuse one through the peer's other relay)
+    in_use = json.loads(client.wait_for(r"^paused (.*)$", 60).group(1))["relays"]
+    assert len(in_use) == 1, in_use
+    relay = swarm.host_at(in_use[0])
     assert relay in ("bootstrap", "relay2"), relay  # not peer0, which serves blocks [0, 15) too
-    client.wait_for(rf"^token {KILL_AT_TOKEN} ", 60)
     assert swarm.net.kill_host(relay)
+    resume.touch()
     result = result_of(client)
     assert result["tokens"] == local_greedy(smollm2_path)
     assert result["failovers"] >= 1  # the relay died under the session's hop, not after the generation ended

@@ -8,6 +8,7 @@ in use mid-generation costs a failover: the peer moves to its slot on the other,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,12 +46,19 @@ def test_a_peer_behind_symmetric_nat_serves_through_the_relay_with_local_tokens(
     assert result["hop_modes"] == ["direct", "relayed"]  # no hole punching through a symmetric NAT
 
 
-def test_the_relay_killed_mid_generation_costs_a_failover_not_the_tokens(swarm: NatSwarm, smollm2_path: Path) -> None:
-    client = swarm.start_client(PROMPT_IDS, NEW_TOKENS)
-    route = client.wait_for(r"^route (\S+)", 180).group(1).split(",")
-    relay = swarm.host_at(relay_of(route[1]))
-    client.wait_for(rf"^token {KILL_AT_TOKEN} ", 60)
+def test_the_relay_killed_mid_generation_costs_a_failover_not_the_tokens(
+    swarm: NatSwarm, smollm2_path: Path, tmp_path: Path
+) -> None:
+    resume = tmp_path / "resume"
+    client = swarm.start_client(PROMPT_IDS, NEW_TOKENS, pause=(KILL_AT_TOKEN, resume))
+    client.wait_for(r"^route (\S+)", 180)
+    # The client holds after token KILL_AT_TOKEN, so the kill lands mid-generation, and names the relay its
+    # connection to the peer really goes through (libp2p may reuse one through the peer's other relay)
+    in_use = json.loads(client.wait_for(r"^paused (.*)$", 60).group(1))["relays"]
+    assert len(in_use) == 1, in_use
+    relay = swarm.host_at(in_use[0])
     assert swarm.net.kill_host(relay)
+    resume.touch()
     result = result_of(client)
     assert result["tokens"] == local_greedy(smollm2_path)
     assert relayed_hops(result["route"]) == [False, True]

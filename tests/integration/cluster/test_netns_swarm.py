@@ -55,10 +55,12 @@ def wan(smollm2_path: Path) -> Iterator[WanSwarm]:
         yield swarm
 
 
-def start_client(swarm: WanSwarm) -> Command:
+def start_client(swarm: WanSwarm, resume_file: Path | None = None) -> Command:
+    """benchmarks/wan_client.py's generation; with `resume_file`, held after token KILL_AT_TOKEN until it exists."""
     args = ["-m", "benchmarks.wan_client", "--model", str(swarm.model), "--initial-peers", swarm.initial_peers]
     args += ["--prompt-ids", ",".join(map(str, PROMPT_IDS)), "--max-new-tokens", str(NEW_TOKENS)]
     args += ["--codec", "NONE", "--dht-host", swarm.net.address("client"), "--no-warmup"]
+    args += ["--pause-after-token", str(KILL_AT_TOKEN), "--resume-file", str(resume_file)] if resume_file else []
     return Command(swarm.net, "client", args)
 
 
@@ -77,13 +79,17 @@ def test_greedy_tokens_across_hosts_equal_local_transformers(wan: WanSwarm, expe
     assert hosts_of(wan, result["route"]) == ["peer0", "peer1"]  # the peers announced their namespaces' addresses
 
 
-def test_losing_a_hosts_peer_mid_generation_keeps_the_tokens(wan: WanSwarm, expected: list[int]) -> None:
+def test_losing_a_hosts_peer_mid_generation_keeps_the_tokens(
+    wan: WanSwarm, expected: list[int], tmp_path: Path
+) -> None:
     wan.start_peer("standby", "15:30")
     wan.wait_serving()
-    client = start_client(wan)
+    resume = tmp_path / "resume"
+    client = start_client(wan, resume)
     second = hosts_of(wan, client.wait_for(r"^route (\S+)", 180).group(1))[1]
-    client.wait_for(rf"^token {KILL_AT_TOKEN} ", 60)
+    client.wait_for(r"^paused", 60)  # held after token KILL_AT_TOKEN: the host is lost mid-generation
     assert wan.net.kill_host(second)
+    resume.touch()
     result = result_of(client)
     assert result["tokens"] == expected
     assert result["failovers"] >= 1  # the host was lost before the generation ended, not after
