@@ -18,6 +18,7 @@ from benchmarks.wan_swarm import Command
 from swarm.registry.tunnel import is_tunnel
 
 HOSTS = ["bootstrap", "relay2", "peer0", "client", "gw", "peer1", "dht1", "dht2"]
+RELAY_HOSTS = ("bootstrap", "relay2")  # the `swarm dht --relay` nodes (peer0 relays too, but serves blocks [0, 15))
 # libp2p starts hole punching once 4 other nodes have seen the same public address of a peer behind NAT: its relays,
 # and as many plain DHT nodes as make up the rest, all of them initial peers, so that all have seen it before the
 # client's connection arrives through the relay (after that, that connection is not punched).
@@ -65,6 +66,19 @@ class NatSwarm:
     def generate(self, prompt_ids: Sequence[int], new_tokens: int, warmup: bool = False) -> dict:
         """A client's generation, to its end: its JSON line."""
         return result_of(self.start_client(prompt_ids, new_tokens, warmup))
+
+    def kill_relay_in_use(self, client: Command, resume_file: Path, relays: Sequence[str] = RELAY_HOSTS) -> str:
+        """Once `client` (started with a pause) holds, SIGKILL the host of the relay its connection to the peer goes
+        through, one of `relays`, then let the client go on by creating `resume_file`; that host. The client names
+        the relay: libp2p reuses any connection it has to the peer, through whichever of the peer's relays."""
+        in_use = json.loads(client.wait_for(r"^paused (.*)$", START_TIMEOUT_S).group(1))["relays"]
+        if len(in_use) != 1 or self.host_at(in_use[0]) not in relays:
+            raise RuntimeError(f"the client's connection should go through one of {list(relays)}: {in_use}")
+        host = self.host_at(in_use[0])
+        if not self.net.kill_host(host):
+            raise RuntimeError(f"nothing ran on {host}")
+        resume_file.touch()
+        return host
 
     def host_at(self, address: str) -> str:
         """The public host whose address `address` (host:port) names."""
