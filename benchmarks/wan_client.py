@@ -5,10 +5,11 @@ timing every token as it arrives. Started by `python -m benchmarks.wan` and by t
         --prompt-ids 504,3458,5951 --max-new-tokens 64 --codec NONE --dht-host 10.77.0.10
 
 Prints "route HOST:PORT,..." with the first token and "token INDEX ID" as each token comes (so that a test can act
-mid-generation; with --pause-after-token K --resume-file F it prints "paused" after token K and holds until F
-exists), then one JSON line: {"tokens", "ttft_ms", "step_ms", "tokens_per_s", "route", "hop_modes",
-"failovers"} (route: the last; a mode per hop: direct, relayed or punched; failovers: hops the session replaced after
-a failure, so that a test that kills a host mid-generation can tell a failover from a generation that ended first).
+mid-generation; with --pause-after-token K --resume-file F it prints "paused {"relays": [HOST:PORT, ...]}" after
+token K, the relays its connections to the route's peers go through, and holds until F exists), then one JSON
+line: {"tokens", "ttft_ms", "step_ms", "tokens_per_s", "route", "hop_modes", "failovers"} (route: the last; a mode
+per hop: direct, relayed or punched; failovers: hops the session replaced after a failure, so that a test that kills
+a host mid-generation can tell a failover from a generation that ended first).
 """
 
 from __future__ import annotations
