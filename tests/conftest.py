@@ -72,6 +72,23 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Tiers(), "swarm-tiers")
     fixture_lifetimes.register(config)
     _take_ctrl_c_back()
+    _config_cache_of_this_run()
+
+
+def _config_cache_of_this_run() -> None:
+    """The model-config cache (swarm/partition/config_cache.py) of this run's processes, ours and every one they start
+    (they inherit the variable), in a directory of its own, so that the suite leaves nothing in the user's cache and
+    reads what it wrote itself; removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from swarm.partition.config_cache import CACHE_VARIABLE
+
+    if CACHE_VARIABLE not in os.environ:
+        directory = tempfile.mkdtemp(prefix="rayswarm-config-cache-")
+        os.environ[CACHE_VARIABLE] = directory
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
 
 
 def _take_ctrl_c_back() -> None:

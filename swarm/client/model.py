@@ -36,7 +36,7 @@ from swarm.client.speculative import DraftLength
 from swarm.client.view import SwarmView
 from swarm.config import ClientConfig, check_speculative
 from swarm.errors import CredentialsError, InvalidArgument, InvalidRequest
-from swarm.partition import load_client_head, open_checkpoint
+from swarm.partition import hf_config_of, load_client_head, open_checkpoint
 from swarm.prefix_keys import TailMemory, new_salt
 from swarm.registry import Registry
 from swarm.registry.addresses import initial_peer_list
@@ -57,8 +57,8 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 "no swarm credentials: pass credentials=SwarmCredentials.load(DIR) (a private swarm's member) "
                 "or credentials=SwarmCredentials.open() (an open swarm)"
             )
-        _, hf_config, block_config = open_checkpoint(path)  # a wrong path fails here, by name
-        super().__init__(hf_config)
+        checkpoint, _, block_config = open_checkpoint(path)  # a wrong path fails here, by name
+        super().__init__(hf_config_of(checkpoint.path))
         if (Path(path) / "generation_config.json").is_file():  # what a local from_pretrained would use
             self.generation_config = GenerationConfig.from_pretrained(path)
         initial_peers = initial_peer_list(initial_peers)

@@ -5,6 +5,7 @@ one module per family: llama.py (Llama, Mistral, Qwen2), qwen3.py, mixtral.py (s
 gemma2.py (soft-capped scores and logits, scaled embeddings, sequences within the sliding window);
 layers.py: RMSNorm, rotary tables, KVLayer, ScoreRule and causal attention, shared by the families;
 checkpoint.py: selective safetensors reads; config.py: open a checkpoint, refuse unsupported architectures;
+config_cache.py: transformers' reading of a config.json, kept on disk so that later processes skip transformers;
 portable.py: PortableConfig, a model config that unpickles without transformers;
 span.py: BlockSpan [start, end) and its SpanCache; client_head.py: embeddings, final norm and LM head;
 gguf.py: convert a GGUF file to a float checkpoint; lora.py: a LoRA adapter's format (LoraConfig, peft's names),
@@ -17,7 +18,7 @@ from __future__ import annotations
 from swarm.partition.architecture import Architecture, BlockConfig, architecture_of
 from swarm.partition.checkpoint import Checkpoint
 from swarm.partition.client_head import ClientHead, load_client_head
-from swarm.partition.config import PortableConfig, open_checkpoint, portable_config
+from swarm.partition.config import PortableConfig, hf_config_of, open_checkpoint, portable_config
 from swarm.partition.span import BlockSpan, SpanCache, load_span
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "PortableConfig",
     "SpanCache",
     "architecture_of",
+    "hf_config_of",
     "load_client_head",
     "load_span",
     "open_checkpoint",

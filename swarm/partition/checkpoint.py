@@ -19,6 +19,24 @@ from swarm.progress import progress_bar
 INDEX_FILE = "model.safetensors.index.json"
 
 
+def read_config_json(directory: Path) -> dict[str, Any]:
+    """The config.json of `directory`, parsed.
+
+    Raises:
+        CheckpointError: it is missing, unreadable or not a JSON object.
+    """
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"no config.json in checkpoint directory {directory}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"cannot parse {config_path}: {error}") from error
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path} does not hold a JSON object")
+    return config
+
+
 class Checkpoint:
     """A checkpoint directory opened for selective reads: opening reads only config.json and tensor headers."""
 
@@ -26,7 +44,7 @@ class Checkpoint:
         self.path = Path(path)
         if not self.path.is_dir():
             raise CheckpointError(f"checkpoint directory {self.path} does not exist or is not a directory")
-        self.config_dict = self._read_config()
+        self.config_dict = read_config_json(self.path)
         self.model_type: str = str(self.config_dict.get("model_type", ""))
         self._file_of = self._index_tensors()
 
@@ -58,18 +76,6 @@ class Checkpoint:
                         tensors[name] = tensor if dtype is None else tensor.to(dtype)
                         bar.update(1)
         return tensors
-
-    def _read_config(self) -> dict[str, Any]:
-        config_path = self.path / "config.json"
-        if not config_path.is_file():
-            raise CheckpointError(f"no config.json in checkpoint directory {self.path}")
-        try:
-            config = json.loads(config_path.read_text())
-        except (OSError, ValueError) as error:
-            raise CheckpointError(f"cannot parse {config_path}: {error}") from error
-        if not isinstance(config, dict):
-            raise CheckpointError(f"{config_path} does not hold a JSON object")
-        return config
 
     def _index_tensors(self) -> dict[str, Path]:
         index_path = self.path / INDEX_FILE

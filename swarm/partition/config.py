@@ -1,4 +1,6 @@
-"""Open a checkpoint and read its model config, refusing unsupported architectures before anything else."""
+"""Open a checkpoint and read its model config, refusing unsupported architectures before anything else. The config
+comes as a PortableConfig from config_cache.py (transformers is imported only by the first reader of a config on a
+machine); hf_config_of reads transformers' own config class, for what needs one (the client's PreTrainedModel)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from swarm.errors import CheckpointError, UnsupportedArchitectureError
 from swarm.partition.architecture import FAMILIES, BlockConfig, architecture_of
-from swarm.partition.checkpoint import Checkpoint
+from swarm.partition.checkpoint import Checkpoint, read_config_json
+from swarm.partition.config_cache import read_config
 from swarm.partition.portable import PortableConfig
 
 if TYPE_CHECKING:
@@ -38,7 +41,7 @@ def open_checkpoint(
             f"{checkpoint.model_type!r}"
         )
     if hf_config is None:
-        hf_config = _read_config(checkpoint.path, f"config.json of {checkpoint.path}")
+        hf_config = read_config(checkpoint.path, checkpoint.config_dict)
     return checkpoint, hf_config, architecture_of(checkpoint.model_type).block_config(hf_config)
 
 
@@ -47,29 +50,34 @@ def portable_config(hf_config: PretrainedConfig) -> PortableConfig:
     return PortableConfig(**hf_config.to_dict())
 
 
-def _read_config(directory: Path, what: str) -> PretrainedConfig:
+def hf_config_of(path: str | Path) -> PretrainedConfig:
+    """The checkpoint's config as transformers' config class for its family (imports transformers).
+
+    Raises:
+        CheckpointError: no readable config.json.
+    """
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as error:
-        raise CheckpointError(f"cannot load {what}: {error}") from error
+        raise CheckpointError(f"cannot load config.json of {path}: {error}") from error
 
 
-def read_block_config(path: str | Path) -> tuple[PretrainedConfig, BlockConfig]:
-    """The HF config and block config of a directory that may hold only config.json (memory plans for models
-    not on disk).
+def read_block_config(path: str | Path) -> tuple[PortableConfig, BlockConfig]:
+    """The config and block config of a directory that may hold only config.json (memory plans for models not on
+    disk).
 
     Raises:
         CheckpointError: no readable config.json.
         UnsupportedArchitectureError: as open_checkpoint.
     """
-    config_path = Path(path) / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"no config.json in {path}")
-    hf_config = _read_config(Path(path), str(config_path))
-    if hf_config.model_type not in FAMILIES:
+    directory = Path(path)
+    config_dict = read_config_json(directory)
+    model_type = config_dict.get("model_type")
+    if model_type not in FAMILIES:
         raise UnsupportedArchitectureError(
-            f"{config_path} has model_type {hf_config.model_type!r}; supported: {sorted(FAMILIES)}"
+            f"{directory / 'config.json'} has model_type {model_type!r}; supported: {sorted(FAMILIES)}"
         )
-    return hf_config, architecture_of(hf_config.model_type).block_config(hf_config)
+    config = read_config(directory, config_dict)
+    return config, architecture_of(config.model_type).block_config(config)

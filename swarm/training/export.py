@@ -14,7 +14,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from swarm.errors import CheckpointError
-from swarm.partition import open_checkpoint
+from swarm.partition import hf_config_of, open_checkpoint
 from swarm.partition.client_head import EMBEDDINGS, FINAL_NORM, LM_HEAD
 from swarm.training.checkpoints import latest_stage_checkpoint, read_stage_checkpoint
 
@@ -29,7 +29,7 @@ def export_run(root: str | Path, run_id: str, base_model: str | Path, out: str |
     Raises:
         CheckpointError: a stage has no checkpoint, or the stages do not cover every block.
     """
-    _, hf_config, cfg = open_checkpoint(base_model)
+    cfg = open_checkpoint(base_model)[2]
     stages = _stage_spans(Path(root) / run_id)
     covered = sorted(b for start, end in stages for b in range(start, end))
     if covered != list(range(cfg.num_layers)):
@@ -48,7 +48,7 @@ def export_run(root: str | Path, run_id: str, base_model: str | Path, out: str |
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
-    config = hf_config.to_dict()
+    config = hf_config_of(base_model).to_dict()  # as transformers writes it
     config["tie_word_embeddings"] = False
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for name in TOKENIZER_FILES:
