@@ -18,7 +18,8 @@ from __future__ import annotations
 from swarm.partition.architecture import Architecture, BlockConfig, architecture_of
 from swarm.partition.checkpoint import Checkpoint
 from swarm.partition.client_head import ClientHead, load_client_head
-from swarm.partition.config import PortableConfig, hf_config_of, open_checkpoint, portable_config
+from swarm.partition.config import PortableConfig, open_checkpoint, portable_config
+from swarm.partition.config_cache import hf_config_of
 from swarm.partition.span import BlockSpan, SpanCache, load_span
 
 __all__ = [

@@ -1,6 +1,7 @@
 """Open a checkpoint and read its model config, refusing unsupported architectures before anything else. The config
 comes as a PortableConfig from config_cache.py (transformers is imported only by the first reader of a config on a
-machine); hf_config_of reads transformers' own config class, for what needs one (the client's PreTrainedModel)."""
+machine); hf_config_of (there) reads transformers' own config class, for what needs one (the client's
+PreTrainedModel)."""
 
 from __future__ import annotations
 
@@ -48,20 +49,6 @@ def open_checkpoint(
 def portable_config(hf_config: PretrainedConfig) -> PortableConfig:
     """`hf_config` as a PortableConfig (what open_checkpoint and the span loaders take instead of reading it)."""
     return PortableConfig(**hf_config.to_dict())
-
-
-def hf_config_of(path: str | Path) -> PretrainedConfig:
-    """The checkpoint's config as transformers' config class for its family (imports transformers).
-
-    Raises:
-        CheckpointError: no readable config.json.
-    """
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, TypeError) as error:
-        raise CheckpointError(f"cannot load config.json of {path}: {error}") from error
 
 
 def read_block_config(path: str | Path) -> tuple[PortableConfig, BlockConfig]:

@@ -20,10 +20,13 @@ import os
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarm.errors import CheckpointError
 from swarm.partition.portable import PortableConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +62,23 @@ def _key(config_dict: dict[str, Any]) -> str:
     return hashlib.sha256(f"{FORMAT}\n{metadata.version('transformers')}\n{content}".encode()).hexdigest()
 
 
-def _through_transformers(directory: Path) -> dict[str, Any]:
+def hf_config_of(path: str | Path) -> PretrainedConfig:
+    """The checkpoint's config as transformers' config class for its family (imports transformers).
+
+    Raises:
+        CheckpointError: no readable config.json.
+    """
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as error:
-        raise CheckpointError(f"cannot load config.json of {directory}: {error}") from error
-    return json.loads(config.to_json_string(use_diff=False))  # what the file would hold, every default filled in
+        raise CheckpointError(f"cannot load config.json of {path}: {error}") from error
+
+
+def _through_transformers(directory: Path) -> dict[str, Any]:
+    """What config.json would hold with every default filled in."""
+    return json.loads(hf_config_of(directory).to_json_string(use_diff=False))
 
 
 def _load(entry: Path) -> dict[str, Any] | None:
