@@ -11,21 +11,17 @@ import sys
 import textwrap
 from pathlib import Path
 
+from .training.fresh_python import refusing
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ADDRESS = "/ip4/127.0.0.1/tcp/1/p2p/QmXnBkqZqU1JmmjUcHHZxQmLkApvz6bDmVdDa2CQRo9Jcn"
 # What a client application imports; the script below also imports every other module of `swarm`.
 CLIENT_MODULES = ("swarm", "swarm.client", "swarm.client.chat", "swarm.cli", "swarm.cli.api", "swarm.api.app")
 
-SCRIPT = textwrap.dedent(
+SCRIPT = refusing("peers") + textwrap.dedent(
     """
-    import importlib, importlib.abc, pkgutil, sys
+    import importlib, pkgutil, sys
 
-    class RefusePeers(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "peers" or name.startswith("peers."):
-                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
-
-    sys.meta_path.insert(0, RefusePeers())
     for name in sys.argv[1].split(","):
         importlib.import_module(name)
     import swarm, swarm.cli, swarm.cli.generate

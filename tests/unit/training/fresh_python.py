@@ -25,3 +25,20 @@ def run_python(script: str, *args: str, timeout_s: float = 120.0) -> str:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def refusing(*packages: str) -> str:
+    """A script's first lines: importing `packages` (or any module inside them) fails from then on, as on a machine
+    without them."""
+    return textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+
+        class Refuse(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {packages!r}:
+                    raise ModuleNotFoundError(f"No module named {{name!r}} (refused by the test)", name=name)
+
+        sys.meta_path.insert(0, Refuse())
+        """
+    )

@@ -10,18 +10,12 @@ import textwrap
 from swarm.partition import open_checkpoint, portable_config
 from swarm.training.init_model import write_random_llama
 
-from .fresh_python import run_python
+from .fresh_python import refusing, run_python
 
-SCRIPT = textwrap.dedent(
+SCRIPT = refusing("transformers") + textwrap.dedent(
     """
-    import importlib.abc, pickle, sys
+    import pickle
 
-    class RefuseTransformers(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "transformers" or name.startswith("transformers."):
-                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
-
-    sys.meta_path.insert(0, RefuseTransformers())
     import torch
     import peers.training.actor
     from peers.training.stage_model import load_stage_model

@@ -15,7 +15,7 @@ import torch
 from swarm.partition import config_cache, hf_config_of, load_span, open_checkpoint
 from swarm.partition.config import read_block_config
 
-from ...training.fresh_python import run_python
+from ...training.fresh_python import refusing, run_python
 from .conftest import SaveTiny
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "mixtral", "phi3", "gemma2"]
@@ -83,22 +83,16 @@ def test_a_cache_that_cannot_be_written_costs_only_time(
     assert open_checkpoint(path)[2].num_layers == 6
 
 
-NO_TRANSFORMERS = textwrap.dedent(
+NO_TRANSFORMERS = refusing("transformers") + textwrap.dedent(
     """
-    import importlib.abc, sys
+    from pathlib import Path
 
-    class RefuseTransformers(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "transformers" or name.startswith("transformers."):
-                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
-
-    sys.meta_path.insert(0, RefuseTransformers())
     import peers.actor
     from swarm.cli._arguments import model_blocks
     from swarm.partition import load_span
 
     span = load_span(sys.argv[1], 0, 2)
-    print("loaded", len(span.blocks), "of", model_blocks(__import__("pathlib").Path(sys.argv[1])))
+    print("loaded", len(span.blocks), "of", model_blocks(Path(sys.argv[1])))
     """
 )
 
