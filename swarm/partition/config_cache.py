@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CACHE_VARIABLE = "RAYSWARM_CONFIG_CACHE"  # a directory; default: $XDG_CACHE_HOME (or ~/.cache)/rayswarm/configs
-FORMAT = 1  # bumped when what is stored changes
+FORMAT = 2  # bumped when what is stored changes
 
 
 def cache_directory() -> Path:
@@ -54,7 +54,7 @@ def read_config(directory: Path, config_dict: dict[str, Any]) -> PortableConfig:
     if values is None:
         values = _through_transformers(directory)
         _store(entry, values)
-    return PortableConfig(**values)
+    return PortableConfig(**{**values, "_name_or_path": str(directory)})  # where this reader found it, as AutoConfig
 
 
 def _key(config_dict: dict[str, Any]) -> str:
@@ -77,8 +77,11 @@ def hf_config_of(path: str | Path) -> PretrainedConfig:
 
 
 def _through_transformers(directory: Path) -> dict[str, Any]:
-    """What config.json would hold with every default filled in."""
-    return json.loads(hf_config_of(directory).to_json_string(use_diff=False))
+    """What config.json would hold with every default filled in; not where it was found (the same content found
+    elsewhere shares the entry)."""
+    values = json.loads(hf_config_of(directory).to_json_string(use_diff=False))
+    values.pop("_name_or_path", None)
+    return values
 
 
 def _load(entry: Path) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ the command line's checks without importing transformers."""
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -61,6 +62,18 @@ def test_a_changed_config_is_read_again(save_tiny: SaveTiny, cache: Path) -> Non
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "rms_norm_eps": 1e-3}))
     assert open_checkpoint(path)[2].rms_norm_eps == 1e-3
     assert len(list(cache.glob("*.json"))) == 2
+
+
+def test_the_same_config_elsewhere_shares_the_entry_and_names_its_own_directory(
+    save_tiny: SaveTiny, cache: Path, tmp_path: Path
+) -> None:
+    path, _ = save_tiny("llama")
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    first, second = open_checkpoint(path)[1], open_checkpoint(copy)[1]
+    assert len(list(cache.glob("*.json"))) == 1
+    assert (first._name_or_path, second._name_or_path) == (str(path), str(copy))
+    assert "_name_or_path" not in json.loads(next(cache.glob("*.json")).read_text())
 
 
 def test_an_unreadable_entry_is_read_through_transformers_and_replaced(save_tiny: SaveTiny, cache: Path) -> None:
