@@ -62,7 +62,7 @@ class TrainingStagePeer:
         end: int,
         initial_peers: list[str],
         peer_id: str = "",
-        model_config: PortableConfig | None = None,  # the model's config as the job read it (portable_config)
+        model_config: PortableConfig | None = None,  # the model's config as the job read it (open_checkpoint)
         on_built: Callable[[], None] | None = None,  # called once built, before it takes the stage's state
     ) -> None:
         die_with_parent_on_fork()

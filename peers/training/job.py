@@ -71,10 +71,11 @@ class TrainingJob:
         import ray
 
         from peers.training.stage_actor import StageActor, stage_actor_arguments
-        from swarm.partition import open_checkpoint, portable_config
+        from swarm.partition import open_checkpoint
 
-        _, hf_config, block_config = open_checkpoint(self.config.model)
-        model_config, total = portable_config(hf_config), block_config.num_layers
+        # a PortableConfig: the replicas unpickle it without importing transformers
+        _, model_config, block_config = open_checkpoint(self.config.model)
+        total = block_config.num_layers
         options = {
             "num_cpus": 0,
             "num_gpus": 1 if self.config.device == "cuda" else 0,

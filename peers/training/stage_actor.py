@@ -51,7 +51,7 @@ def stage_actor_arguments(
     end: int,
     initial_peers: list[str],
     peer_id: str,
-    model_config: PortableConfig | None = None,  # the model's config as the job read it (portable_config)
+    model_config: PortableConfig | None = None,  # the model's config as the job read it (open_checkpoint)
 ) -> tuple[float, bytes]:
     """StageActor's arguments for a TrainingStagePeer(config, start, end, initial_peers, peer_id, model_config)."""
     return config.boot_idle_s, pickle.dumps((config, start, end, initial_peers, peer_id, model_config))

@@ -132,7 +132,7 @@ def load_stage_model(
     hf_config: PortableConfig | None = None,
 ) -> StageModel:
     """The stage [start, end) of the checkpoint at `path`, with embeddings if it starts at block 0 and the head if
-    it ends at the last block. `hf_config`: the checkpoint's config, already read (swarm.partition.portable_config)."""
+    it ends at the last block. `hf_config`: the checkpoint's config, already read (swarm.partition.open_checkpoint)."""
     checkpoint_, hf_config, cfg = open_checkpoint(path, hf_config)
     span = load_span(path, start, end, dtype, device, hf_config=hf_config)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))

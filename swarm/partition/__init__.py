@@ -18,7 +18,7 @@ from __future__ import annotations
 from swarm.partition.architecture import Architecture, BlockConfig, architecture_of
 from swarm.partition.checkpoint import Checkpoint
 from swarm.partition.client_head import ClientHead, load_client_head
-from swarm.partition.config import PortableConfig, open_checkpoint, portable_config
+from swarm.partition.config import PortableConfig, open_checkpoint
 from swarm.partition.config_cache import hf_config_of
 from swarm.partition.span import BlockSpan, SpanCache, load_span
 
@@ -35,5 +35,4 @@ __all__ = [
     "load_client_head",
     "load_span",
     "open_checkpoint",
-    "portable_config",
 ]

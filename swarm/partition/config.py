@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 def open_checkpoint(
     path: str | Path, hf_config: PretrainedConfig | PortableConfig | None = None
 ) -> tuple[Checkpoint, PretrainedConfig | PortableConfig, BlockConfig]:
-    """The checkpoint, its HF config and the block config. `hf_config`: the checkpoint's config as read before
-    (portable_config), instead of reading config.json again through transformers.
+    """The checkpoint, its config (a PortableConfig from config_cache.py unless given) and the block config.
+    `hf_config`: the checkpoint's config as read before (by open_checkpoint, or hf_config_of), instead of reading it
+    again.
 
     Raises:
         CheckpointError: the directory, config.json or the safetensors weights are missing or unreadable.
@@ -44,11 +45,6 @@ def open_checkpoint(
     if hf_config is None:
         hf_config = read_config(checkpoint.path, checkpoint.config_dict)
     return checkpoint, hf_config, architecture_of(checkpoint.model_type).block_config(hf_config)
-
-
-def portable_config(hf_config: PretrainedConfig) -> PortableConfig:
-    """`hf_config` as a PortableConfig (what open_checkpoint and the span loaders take instead of reading it)."""
-    return PortableConfig(**hf_config.to_dict())
 
 
 def read_block_config(path: str | Path) -> tuple[PortableConfig, BlockConfig]:

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from .training.fresh_python import refusing
+from ..fresh_python import refusing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ADDRESS = "/ip4/127.0.0.1/tcp/1/p2p/QmXnBkqZqU1JmmjUcHHZxQmLkApvz6bDmVdDa2CQRo9Jcn"

@@ -8,7 +8,7 @@ import pytest
 
 from peers.training.boot_priority import may_leave_idle
 
-from .fresh_python import run_python
+from ...fresh_python import run_python
 
 pytestmark = pytest.mark.skipif(
     not may_leave_idle(),

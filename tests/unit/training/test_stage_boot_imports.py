@@ -7,10 +7,10 @@ from __future__ import annotations
 import pickle
 import textwrap
 
-from swarm.partition import open_checkpoint, portable_config
+from swarm.partition import open_checkpoint
 from swarm.training.init_model import write_random_llama
 
-from .fresh_python import refusing, run_python
+from ...fresh_python import refusing, run_python
 
 SCRIPT = refusing("transformers") + textwrap.dedent(
     """
@@ -34,7 +34,7 @@ SCRIPT = refusing("transformers") + textwrap.dedent(
 def test_a_stage_replica_imports_and_builds_its_stage_without_transformers(tmp_path) -> None:
     model = write_random_llama(tmp_path / "model", layers=2, hidden=64, vocab=256)
     config = tmp_path / "config.pickle"
-    config.write_bytes(pickle.dumps(portable_config(open_checkpoint(model)[1])))
+    config.write_bytes(pickle.dumps(open_checkpoint(model)[1]))
     out = run_python(SCRIPT, str(model), str(config))
     assert out.startswith("booted"), out
 

@@ -16,7 +16,7 @@ import torch
 from swarm.partition import config_cache, hf_config_of, load_span, open_checkpoint
 from swarm.partition.config import read_block_config
 
-from ...training.fresh_python import refusing, run_python
+from ....fresh_python import refusing, run_python
 from .conftest import SaveTiny
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "mixtral", "phi3", "gemma2"]

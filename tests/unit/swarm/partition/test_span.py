@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm.errors import CheckpointError, InvalidRequest, InvalidSpan
-from swarm.partition import PortableConfig, load_client_head, load_span, open_checkpoint, portable_config
+from swarm.partition import PortableConfig, hf_config_of, load_client_head, load_span, open_checkpoint
 
 from .conftest import SaveTiny, logits_step_by_step
 
@@ -147,17 +147,18 @@ def test_auto_dtype_is_bfloat16_on_cuda_float16_without_bf16_and_float32_on_cpu(
 def test_a_span_built_from_the_portable_config_equals_one_built_from_config_json(
     save_tiny: SaveTiny, family: str, overrides: dict, tmp_path
 ) -> None:
-    """What a training job hands its stage replicas (portable_config, pickled through Ray) builds the same blocks:
-    the same block config, rotary tables and outputs, without transformers' config classes."""
+    """What a training job hands its stage replicas (open_checkpoint's config, pickled through Ray) builds the same
+    blocks as transformers' config class: the same block config, rotary tables and outputs."""
     path, _ = save_tiny(family, **overrides)
-    _, hf_config, block_config = open_checkpoint(path)
+    hf_config = hf_config_of(path)
+    block_config = open_checkpoint(path, hf_config)[2]
     pickled = tmp_path / "config.pickle"
-    pickled.write_bytes(pickle.dumps(portable_config(hf_config)))
+    pickled.write_bytes(pickle.dumps(open_checkpoint(path)[1]))
     portable = pickle.loads(pickled.read_bytes())
     assert type(portable) is PortableConfig
     assert open_checkpoint(path, portable)[2] == block_config
     hidden = torch.randn(2, 7, block_config.hidden_size, generator=torch.Generator().manual_seed(1))
-    expected = load_span(path, 0, 3)(hidden)
+    expected = load_span(path, 0, 3, hf_config=hf_config)(hidden)
     assert torch.equal(load_span(path, 0, 3, hf_config=portable)(hidden), expected)
 
 
@@ -166,4 +167,4 @@ def test_a_config_of_another_model_type_is_refused_by_name(save_tiny: SaveTiny) 
     qwen, _ = save_tiny("qwen2")
     _, qwen_config, _ = open_checkpoint(qwen)
     with pytest.raises(CheckpointError, match="model_type 'qwen2'"):
-        open_checkpoint(llama, portable_config(qwen_config))
+        open_checkpoint(llama, qwen_config)

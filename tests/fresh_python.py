@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_python(script: str, *args: str, timeout_s: float = 120.0) -> str:
