@@ -3,8 +3,8 @@
 - `unit`: no processes, no network, no model beyond tiny random ones (tests/unit, less the few that start a
   process: UNIT_MODULES_THAT_START_PROCESSES).
 - `integration`: real Ray, gRPC, DHT and peers on 127.0.0.1 (tests/integration, less SYSTEM_MODULES).
-- `system`: network namespaces, chaos, convergence, fuzzing, churn, CUDA (SYSTEM_MODULES and tests/chaos,
-  tests/cuda).
+- `system`: network namespaces, chaos, convergence, fuzzing, churn, whole training and fine-tuning jobs submitted to
+  a Ray head, CUDA (SYSTEM_MODULES and tests/chaos, tests/cuda).
 
 A test may name its tier itself: `@pytest.mark.integration` on a unit module's one test that starts a process,
 `@pytest.mark.system` on the churn tests of tests/integration/peers/test_swarm_daemons.py and on the LoRA
@@ -67,6 +67,7 @@ SYSTEM_MODULES = frozenset(
         "integration/peers/test_finetune_churn.py",
         "integration/peers/test_placement_daemons.py",
         "integration/training/test_replica_divergence.py",
+        "integration/training/test_ray_client.py",  # whole jobs, like the training swarm's (docs/figures.md)
         "integration/training/test_training_swarm.py",
     }
 )
