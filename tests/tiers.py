@@ -2,9 +2,11 @@
 
 - `unit`: no processes, no network, no model beyond tiny random ones (tests/unit, less the few that start a
   process: UNIT_MODULES_THAT_START_PROCESSES).
-- `integration`: real Ray, gRPC, DHT and peers on 127.0.0.1 (tests/integration, less SYSTEM_MODULES).
-- `system`: network namespaces, chaos, convergence, fuzzing, churn, whole training and fine-tuning jobs submitted to
-  a Ray head, CUDA (SYSTEM_MODULES and tests/chaos, tests/cuda).
+- `integration`: real Ray, gRPC, DHT and peers on 127.0.0.1 (tests/integration, less the system tier's modules
+  and directory).
+- `system`: several hosts (network namespaces, a Ray cluster of several nodes), chaos, convergence, fuzzing, churn,
+  whole training and fine-tuning jobs submitted to a Ray head, CUDA (SYSTEM_MODULES and SYSTEM_DIRECTORIES:
+  tests/chaos, tests/cuda, tests/integration/cluster).
 
 A test may name its tier itself: `@pytest.mark.integration` on a unit module's one test that starts a process,
 `@pytest.mark.system` on the churn tests of tests/integration/peers/test_swarm_daemons.py and on the LoRA
@@ -49,19 +51,9 @@ UNIT_MODULES_THAT_START_PROCESSES = frozenset(
         "unit/swarm/test_proto_generated.py",
     }
 )
-SYSTEM_DIRECTORIES = ("chaos/", "cuda/")
+SYSTEM_DIRECTORIES = ("chaos/", "cuda/", "integration/cluster/")  # cluster/: several hosts (namespaces, Ray nodes)
 SYSTEM_MODULES = frozenset(
     {
-        "integration/cluster/test_netns_api.py",
-        "integration/cluster/test_netns_link.py",
-        "integration/cluster/test_netns_nat.py",
-        "integration/cluster/test_netns_nat_private.py",
-        "integration/cluster/test_netns_nat_punch.py",
-        "integration/cluster/test_netns_nat_swarm.py",
-        "integration/cluster/test_netns_nat_training.py",
-        "integration/cluster/test_netns_private.py",
-        "integration/cluster/test_netns_swarm.py",
-        "integration/cluster/test_netns_training.py",
         "integration/security/test_fuzz.py",
         "integration/security/test_load.py",
         "integration/peers/test_finetune_churn.py",
